@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build and run the whole test suite: first with gcc and -Werror, then once
+# more with clang under AddressSanitizer + UndefinedBehaviorSanitizer, with the
+# libFuzzer drivers each run for a bounded time.
+#   CAP_TEST_QUICK=1 skips the sanitizer pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./deploy/install-deps.sh
+
+jobs=$(nproc)
+
+echo "== build (gcc, -Werror)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAP_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+echo "== tests"
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 600)
+
+[ "${CAP_TEST_QUICK:-0}" = 1 ] && exit 0
+
+echo "== build (clang, ASan+UBSan, fuzzers)"
+CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCAP_WERROR=ON \
+  -DCAP_SANITIZE=address,undefined -DCAP_FUZZ=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+echo "== tests under ASan+UBSan"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd build-asan && ctest --output-on-failure -j"$jobs" --timeout 900)

@@ -1,0 +1,88 @@
+/*
+ * A plan: per-tensor eviction actions for one profile and budget
+ * (DESIGN.md, "Plan semantics"). Shared by the simulator, the planners, the
+ * daemon (stores and sends it) and the client (executes it).
+ */
+#ifndef CAPUCHIN_PLAN_H
+#define CAPUCHIN_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "capuchin/profile.h"
+
+typedef enum {
+  CAP_METHOD_SWAP = 1,      /* D2H to pinned host memory, H2D back */
+  CAP_METHOD_RECOMPUTE = 2, /* drop, replay lineage ops before back-access */
+} cap_method_t;
+
+/* cap_action_t.flags */
+#define CAP_ACTION_SYNC_OUT 0x1u /* swap-out runs on the compute stream: the
+                                    next op waits for it (save_on_cpu, LRU) */
+
+typedef struct cap_action {
+  uint32_t tensor;
+  uint32_t evict_after_access; /* k >= 1; the back-access is k + 1 */
+  cap_method_t method;
+  uint32_t flags;              /* CAP_ACTION_* */
+  /* swap: the prefetch starts when op of access prefetch_access of tensor
+   * prefetch_tensor starts; prefetch_tensor == CAP_NONE: on demand at the
+   * back-access. */
+  uint32_t prefetch_tensor;
+  uint32_t prefetch_access;
+  /* recompute: op seqs replayed in order just before the back-access, the
+   * last producing `tensor`: plan->recompute_ops[recompute_off ..
+   * recompute_off + n_recompute). */
+  uint32_t recompute_off;
+  uint32_t n_recompute;
+} cap_action_t;
+
+typedef struct cap_plan {
+  uint32_t version;      /* 1 for a new plan, +1 for each refinement */
+  uint64_t budget_bytes; /* device bytes the plan must stay within */
+  char policy[32];       /* planner name ("capuchin", "swap-all", ...) */
+  cap_action_t *actions;
+  uint32_t n_actions;
+  uint32_t cap_actions;
+  uint32_t *recompute_ops;
+  uint32_t n_recompute_ops;
+  uint32_t cap_recompute_ops;
+  /* What the simulator predicted for this plan (0 when not simulated). */
+  int64_t predicted_iter_ns;
+  uint64_t predicted_peak_bytes;
+} cap_plan_t;
+
+cap_plan_t *cap_plan_create(const char *policy, uint64_t budget_bytes);
+void cap_plan_destroy(cap_plan_t *plan); /* NULL is a no-op */
+cap_plan_t *cap_plan_clone(const cap_plan_t *plan);
+
+int cap_plan_add_swap(cap_plan_t *plan, uint32_t tensor, uint32_t evict_after,
+                      uint32_t prefetch_tensor, uint32_t prefetch_access,
+                      uint32_t flags);
+int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
+                           uint32_t evict_after, const uint32_t *ops,
+                           uint32_t n_ops);
+
+static inline const uint32_t *cap_action_recompute_ops(const cap_plan_t *plan,
+                                                       const cap_action_t *a) {
+  return plan->recompute_ops + a->recompute_off;
+}
+
+/* Check every action against the profile: tensor ids, access indices (a
+ * back-access must exist), triggers that precede the back-access, recompute
+ * lists whose ops exist, run before the back-access and end with the
+ * tensor's producer. Returns 0 or CAP_EINVAL with a message in err. */
+int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
+                      size_t err_len);
+
+/* JSON form (issue 3, --emit-plan):
+ * {"trace":…, "budget_bytes":…, "policy":…, "actions":[{"tensor":ID,
+ *  "evict_after_access":K, "method":"swap", "prefetch_at":{"tensor":ID,
+ *  "access":K}} | {…, "method":"recompute", "recompute_ops":[seq, …]}]} */
+int cap_plan_write_json(FILE *f, const cap_plan_t *plan, const char *trace);
+int cap_plan_read_json(const char *buf, size_t len, cap_plan_t **out,
+                       char *err, size_t err_len);
+
+#endif /* CAPUCHIN_PLAN_H */

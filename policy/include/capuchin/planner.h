@@ -1,0 +1,53 @@
+/*
+ * Planners: Capuchin's (Algorithms 1 and 2 of Peng et al., ASPLOS 2020) and
+ * the baselines users pick instead, all judged by the same simulator.
+ */
+#ifndef CAPUCHIN_PLANNER_H
+#define CAPUCHIN_PLANNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capuchin/plan.h"
+#include "capuchin/profile.h"
+#include "capuchin/sim.h"
+
+typedef struct cap_plan_config {
+  uint64_t budget_bytes;
+  cap_bandwidth_t bw;
+  bool evict_persistent;     /* may param/input tensors be evicted too */
+  int64_t trigger_margin_ns; /* in-trigger safety margin (Capuchin) */
+  int64_t feedback_step_ns;  /* how far cap_plan_refine moves a late trigger
+                                beyond its measured stall */
+} cap_plan_config_t;
+
+/* Defaults: H100 bandwidths, no persistent eviction, margins as tuned. */
+void cap_plan_config_init(cap_plan_config_t *cfg, uint64_t budget_bytes);
+
+/* Names of all planners, NULL-terminated: "capuchin", "swap-all", "vdnn",
+ * "checkpoint-sqrt", "dtr", "passive-lru". */
+extern const char *const cap_planner_names[];
+
+/* Compute a plan with the named planner. Returns 0 with a plan whose
+ * simulated peak fits the budget; CAP_EINFEASIBLE when none fits, with *out
+ * set to the plan of the smallest peak reached (its predicted_peak_bytes says
+ * how small); CAP_ENOENT for an unknown name. *out is the caller's. */
+int cap_plan_compute(const cap_profile_t *p, const char *planner,
+                     const cap_plan_config_t *cfg, cap_plan_t **out);
+
+/* Measured stall of one prefetch: the back-access of `tensor` at access
+ * `back_access` waited stall_ns for its swap-in. */
+typedef struct cap_feedback {
+  uint32_t tensor;
+  uint32_t back_access;
+  int64_t stall_ns;
+} cap_feedback_t;
+
+/* Move the in-triggers of late prefetches earlier (Capuchin's feedback) and
+ * bump plan->version. Returns 0, or CAP_EINVAL for feedback that names no
+ * swap action of the plan. */
+int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_feedback_t *fb, uint32_t n_fb,
+                    const cap_plan_config_t *cfg);
+
+#endif /* CAPUCHIN_PLANNER_H */

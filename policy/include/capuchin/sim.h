@@ -1,0 +1,54 @@
+/*
+ * Discrete-event simulator of one iteration under a plan: a compute stream
+ * running the profile's ops in order with their measured durations and gaps,
+ * a D2H and an H2D copy engine (each serialising its own copies, the two
+ * overlapping up to the duplex bandwidth), recompute ops inserted before
+ * back-accesses, and device memory accounted as DESIGN.md says.
+ */
+#ifndef CAPUCHIN_SIM_H
+#define CAPUCHIN_SIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capuchin/plan.h"
+#include "capuchin/profile.h"
+
+/* Measured host<->device copy bandwidths, GB/s (1e9 bytes per second). */
+typedef struct cap_bandwidth {
+  double h2d_gbps;
+  double d2h_gbps;
+  double duplex_gbps; /* both directions at once, in total */
+} cap_bandwidth_t;
+
+/* The H100 figures of tests/data/traces/FORMAT.md. */
+#define CAP_BANDWIDTH_H100 ((cap_bandwidth_t){55.1, 55.1, 85.8})
+
+typedef struct cap_sim_prefetch {
+  uint32_t action; /* index into plan->actions */
+  int64_t late_ns; /* how long the back-access waited for it; 0 if on time */
+} cap_sim_prefetch_t;
+
+typedef struct cap_sim_result {
+  int64_t iter_ns;      /* end of the last op on the compute stream */
+  uint64_t peak_bytes;  /* device bytes, persistent included */
+  int64_t peak_t_ns;
+  uint64_t swap_out_bytes;
+  uint64_t swap_in_bytes;
+  int64_t recompute_ns; /* compute time spent replaying ops */
+  int64_t stall_ns;     /* compute stream waiting on copies */
+  cap_sim_prefetch_t *prefetches; /* one per swap action, in action order */
+  uint32_t n_prefetches;
+  cap_curve_t curve; /* device bytes over the simulated iteration */
+} cap_sim_result_t;
+
+/* Simulate `plan` (NULL: unmanaged) on profile p. The plan must be valid for
+ * p (cap_plan_validate). Fills *out; release with cap_sim_result_close. */
+int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
+                const cap_bandwidth_t *bw, cap_sim_result_t *out);
+void cap_sim_result_close(cap_sim_result_t *r);
+
+/* Copy time of `bytes` at `gbps`, rounded up to whole nanoseconds. */
+int64_t cap_copy_ns(uint64_t bytes, double gbps);
+
+#endif /* CAPUCHIN_SIM_H */
