@@ -44,14 +44,12 @@ enum {
   S_META_INSERT,
   S_TENSOR_INSERT,
   S_OP_INSERT,
-  S_ACCESS_INSERT,
   S_FREE_INSERT,
   S_PROFILE_FIND,
   S_PROFILE_GET,
   S_META_SELECT,
   S_TENSOR_SELECT,
   S_OP_SELECT,
-  S_ACCESS_SELECT,
   S_FREE_SELECT,
   S_PLAN_INSERT,
   S_ACTION_INSERT,
@@ -92,8 +90,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_TENSOR_INSERT] =
         "INSERT INTO profile_tensors VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [S_OP_INSERT] =
-        "INSERT INTO profile_ops VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    [S_ACCESS_INSERT] = "INSERT INTO profile_accesses VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO profile_ops VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,"
+        " ?10)",
     [S_FREE_INSERT] = "INSERT INTO profile_frees VALUES (?1, ?2, ?3, ?4)",
     [S_PROFILE_FIND] = "SELECT id FROM profiles WHERE signature = ?1 AND"
                        " complete = 1 ORDER BY id DESC LIMIT 1",
@@ -103,11 +101,9 @@ static const char *const stmt_sql[S_COUNT] = {
         "SELECT key, value FROM profile_meta WHERE profile_id = ?1 ORDER BY seq",
     [S_TENSOR_SELECT] = "SELECT tensor, bytes, kind FROM profile_tensors"
                         " WHERE profile_id = ?1 ORDER BY tensor",
-    [S_OP_SELECT] = "SELECT seq, start_ns, end_ns, name, n_in, n_out"
+    [S_OP_SELECT] = "SELECT seq, start_ns, end_ns, name, n_in, n_out, inputs,"
+                    " outputs"
                     " FROM profile_ops WHERE profile_id = ?1 ORDER BY seq",
-    [S_ACCESS_SELECT] =
-        "SELECT op_seq, pos, tensor, is_output FROM profile_accesses"
-        " WHERE profile_id = ?1 ORDER BY op_seq, pos",
     [S_FREE_SELECT] = "SELECT t_ns, tensor FROM profile_frees"
                       " WHERE profile_id = ?1 ORDER BY seq",
     [S_PLAN_INSERT] =
@@ -638,11 +634,64 @@ int cap_store_session_end(cap_store_t *s, int64_t session_id,
 
 /* --- profiles ------------------------------------------------------------- */
 
+/* ids as a JSON array ("[3,17]") into *buf (grown as needed). */
+static int format_ids(char **buf, size_t *cap, const uint32_t *ids,
+                      uint32_t n) {
+  size_t need = 3 + (size_t)n * 11;
+  if (need > *cap) {
+    char *nb = realloc(*buf, need);
+    if (!nb)
+      return cap__store_fail(CAP_ENOMEM, "out of memory");
+    *buf = nb;
+    *cap = need;
+  }
+  char *w = *buf;
+  *w++ = '[';
+  for (uint32_t k = 0; k < n; k++) {
+    char tmp[11];
+    int len = 0;
+    uint32_t v = ids[k];
+    do {
+      tmp[len++] = (char)('0' + v % 10);
+      v /= 10;
+    } while (v);
+    if (k)
+      *w++ = ',';
+    while (len)
+      *w++ = tmp[--len];
+  }
+  *w++ = ']';
+  *w = '\0';
+  return 0;
+}
+
+/* Parse exactly n ids from a JSON array written by format_ids. */
+static bool parse_ids(const unsigned char *s, uint32_t *out, uint32_t n) {
+  if (!s || *s++ != '[')
+    return false;
+  for (uint32_t k = 0; k < n; k++) {
+    if (k && *s++ != ',')
+      return false;
+    if (*s < '0' || *s > '9')
+      return false;
+    uint64_t v = 0;
+    while (*s >= '0' && *s <= '9') {
+      v = v * 10 + (uint64_t)(*s++ - '0');
+      if (v >= UINT32_MAX)
+        return false;
+    }
+    out[k] = (uint32_t)v;
+  }
+  return s[0] == ']' && s[1] == '\0';
+}
+
 static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
                        uint64_t signature, bool complete,
                        const cap_bandwidth_t *bw, int64_t *out_id) {
   int rc;
   uint64_t transient_peak = 0;
+  char *ids_buf = NULL;
+  size_t ids_cap = 0;
   if (complete && !p->finished)
     return cap__store_fail(CAP_ESTATE,
                            "profile put: complete profile not finished");
@@ -704,11 +753,7 @@ static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
 
   if (!(st = stmt(s, S_OP_INSERT)))
     goto out_sql;
-  sqlite3_stmt *acc = stmt(s, S_ACCESS_INSERT);
-  if (!acc)
-    goto out_sql;
   sqlite3_bind_int64(st, 1, pid);
-  sqlite3_bind_int64(acc, 1, pid);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const cap_op_t *op = &p->ops[i];
     sqlite3_bind_int64(st, 2, i);
@@ -718,23 +763,16 @@ static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
     sqlite3_bind_int64(st, 6, op->flags);
     sqlite3_bind_int64(st, 7, op->n_in);
     sqlite3_bind_int64(st, 8, op->n_out);
-    if (sqlite3_step(st) != SQLITE_DONE)
-      goto out_sql;
-    sqlite3_reset(st);
-    sqlite3_bind_int64(acc, 2, i);
-    uint32_t pos = 0;
     for (int side = 0; side < 2; side++) {
       const uint32_t *ids = p->op_tensors + (side ? op->out_off : op->in_off);
       uint32_t n = side ? op->n_out : op->n_in;
-      for (uint32_t k = 0; k < n; k++) {
-        sqlite3_bind_int64(acc, 3, pos++);
-        sqlite3_bind_int64(acc, 4, ids[k]);
-        sqlite3_bind_int(acc, 5, side);
-        if (sqlite3_step(acc) != SQLITE_DONE)
-          goto out_sql;
-        sqlite3_reset(acc);
-      }
+      if ((rc = format_ids(&ids_buf, &ids_cap, ids, n)) != 0)
+        goto out_rollback;
+      sqlite3_bind_text(st, 9 + side, ids_buf, -1, SQLITE_TRANSIENT);
     }
+    if (sqlite3_step(st) != SQLITE_DONE)
+      goto out_sql;
+    sqlite3_reset(st);
   }
 
   if (!(st = stmt(s, S_FREE_INSERT)))
@@ -748,6 +786,7 @@ static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
       goto out_sql;
     sqlite3_reset(st);
   }
+  free(ids_buf);
   if ((rc = tx_commit(s)) != 0)
     return rc;
   if (out_id)
@@ -756,6 +795,8 @@ static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
 
 out_sql:
   rc = sql_fail(s, "profile put");
+out_rollback:
+  free(ids_buf);
   tx_rollback(s);
   return rc;
 }
@@ -822,7 +863,7 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
   int rc = 0;
   cap_profile_t *p = NULL;
   uint32_t *in = NULL, *outs = NULL, cap_in = 0, cap_out = 0;
-  sqlite3_stmt *st, *acc = NULL;
+  sqlite3_stmt *st;
 
   /* A read transaction so that the rows come from one snapshot. */
   if (sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
@@ -884,18 +925,15 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
   if (step != SQLITE_DONE)
     goto out_sql;
 
-  if (!(st = stmt(s, S_OP_SELECT)) || !(acc = stmt(s, S_ACCESS_SELECT)))
+  if (!(st = stmt(s, S_OP_SELECT)))
     goto out_sql;
   sqlite3_bind_int64(st, 1, id);
-  sqlite3_bind_int64(acc, 1, id);
-  int astep = sqlite3_step(acc);
   while ((step = sqlite3_step(st)) == SQLITE_ROW) {
     sqlite3_int64 seq = sqlite3_column_int64(st, 0);
     sqlite3_int64 n_in = sqlite3_column_int64(st, 4);
     sqlite3_int64 n_out = sqlite3_column_int64(st, 5);
     if (seq < 0 || seq >= (sqlite3_int64)UINT32_MAX || n_in < 0 ||
-        n_out < 0 || n_in > (sqlite3_int64)UINT32_MAX / 2 ||
-        n_out > (sqlite3_int64)UINT32_MAX / 2) {
+        n_out < 0 || n_in > (1 << 24) || n_out > (1 << 24)) {
       rc = corrupt(s, id, "op row out of range", NULL);
       goto out;
     }
@@ -904,27 +942,10 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
       rc = cap__store_fail(CAP_ENOMEM, "out of memory");
       goto out;
     }
-    for (sqlite3_int64 k = 0; k < n_in + n_out; k++) {
-      if (astep != SQLITE_ROW) {
-        if (astep != SQLITE_DONE)
-          goto out_sql;
-        rc = corrupt(s, id, "missing op inputs/outputs", NULL);
-        goto out;
-      }
-      sqlite3_int64 aop = sqlite3_column_int64(acc, 0);
-      sqlite3_int64 pos = sqlite3_column_int64(acc, 1);
-      sqlite3_int64 t = sqlite3_column_int64(acc, 2);
-      int is_out = sqlite3_column_int(acc, 3);
-      if (aop != seq || pos != k || t < 0 || t >= (sqlite3_int64)UINT32_MAX ||
-          is_out != (k >= n_in)) {
-        rc = corrupt(s, id, "op inputs/outputs do not match the op", NULL);
-        goto out;
-      }
-      if (k < n_in)
-        in[k] = (uint32_t)t;
-      else
-        outs[k - n_in] = (uint32_t)t;
-      astep = sqlite3_step(acc);
+    if (!parse_ids(sqlite3_column_text(st, 6), in, (uint32_t)n_in) ||
+        !parse_ids(sqlite3_column_text(st, 7), outs, (uint32_t)n_out)) {
+      rc = corrupt(s, id, "op inputs/outputs do not match the op", NULL);
+      goto out;
     }
     if (cap_profile_add_op(p, (uint32_t)seq, sqlite3_column_int64(st, 1),
                            sqlite3_column_int64(st, 2),
@@ -935,12 +956,6 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
     }
   }
   if (step != SQLITE_DONE)
-    goto out_sql;
-  if (astep == SQLITE_ROW) {
-    rc = corrupt(s, id, "inputs/outputs of a missing op", NULL);
-    goto out;
-  }
-  if (astep != SQLITE_DONE)
     goto out_sql;
 
   if (!(st = stmt(s, S_FREE_SELECT)))

@@ -68,6 +68,9 @@ static const char *const migrations[] = {
     "  n_accesses INTEGER NOT NULL,"
     "  PRIMARY KEY (profile_id, tensor)"
     ") STRICT, WITHOUT ROWID;"
+    /* An op's inputs and outputs are JSON arrays of tensor ids ("[3,17]"):
+     * one row per op keeps storing a profile to a few ms. The
+     * profile_accesses view below unnests them for ad-hoc SQL. */
     "CREATE TABLE profile_ops ("
     "  profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,"
     "  seq INTEGER NOT NULL,"
@@ -77,19 +80,17 @@ static const char *const migrations[] = {
     "  flags INTEGER NOT NULL,"
     "  n_in INTEGER NOT NULL,"
     "  n_out INTEGER NOT NULL,"
+    "  inputs TEXT NOT NULL,"
+    "  outputs TEXT NOT NULL,"
     "  PRIMARY KEY (profile_id, seq)"
     ") STRICT, WITHOUT ROWID;"
-    /* One row per tensor an op lists: pos runs over the inputs (is_output 0)
-     * then the outputs (is_output 1). Accesses (DESIGN.md) derive from these
-     * in op order. */
-    "CREATE TABLE profile_accesses ("
-    "  profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,"
-    "  op_seq INTEGER NOT NULL,"
-    "  pos INTEGER NOT NULL,"
-    "  tensor INTEGER NOT NULL,"
-    "  is_output INTEGER NOT NULL CHECK (is_output IN (0, 1)),"
-    "  PRIMARY KEY (profile_id, op_seq, pos)"
-    ") STRICT, WITHOUT ROWID;"
+    /* One row per tensor an op lists (DESIGN.md's accesses derive from these
+     * in op order): pos runs over the inputs, then the outputs. */
+    "CREATE VIEW profile_accesses (profile_id, op_seq, pos, tensor, is_output)"
+    " AS SELECT o.profile_id, o.seq, CAST(i.key AS INTEGER), i.value, 0"
+    "  FROM profile_ops o, json_each(o.inputs) i"
+    " UNION ALL SELECT o.profile_id, o.seq, o.n_in + CAST(x.key AS INTEGER),"
+    "  x.value, 1 FROM profile_ops o, json_each(o.outputs) x;"
     "CREATE TABLE profile_frees ("
     "  profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,"
     "  seq INTEGER NOT NULL,"
