@@ -1,0 +1,137 @@
+/*
+ * The plan container: actions and the shared pool of recompute op lists.
+ */
+#include "capuchin/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "capuchin/error.h"
+
+cap_plan_t *cap_plan_create(const char *policy, uint64_t budget_bytes) {
+  cap_plan_t *plan = calloc(1, sizeof *plan);
+  if (!plan)
+    return NULL;
+  plan->version = 1;
+  plan->budget_bytes = budget_bytes;
+  if (policy) {
+    /* Names longer than the field are cut; every planner name fits. */
+    size_t n = strlen(policy);
+    if (n >= sizeof plan->policy)
+      n = sizeof plan->policy - 1;
+    memcpy(plan->policy, policy, n);
+    plan->policy[n] = '\0';
+  }
+  return plan;
+}
+
+void cap_plan_destroy(cap_plan_t *plan) {
+  if (!plan)
+    return;
+  free(plan->actions);
+  free(plan->recompute_ops);
+  free(plan);
+}
+
+cap_plan_t *cap_plan_clone(const cap_plan_t *plan) {
+  if (!plan)
+    return NULL;
+  cap_plan_t *c = malloc(sizeof *c);
+  if (!c)
+    return NULL;
+  *c = *plan;
+  c->actions = NULL;
+  c->recompute_ops = NULL;
+  c->cap_actions = plan->n_actions;
+  c->cap_recompute_ops = plan->n_recompute_ops;
+  if (plan->n_actions) {
+    c->actions = malloc(plan->n_actions * sizeof *c->actions);
+    if (!c->actions)
+      goto out_free;
+    memcpy(c->actions, plan->actions, plan->n_actions * sizeof *c->actions);
+  }
+  if (plan->n_recompute_ops) {
+    c->recompute_ops = malloc(plan->n_recompute_ops * sizeof *c->recompute_ops);
+    if (!c->recompute_ops)
+      goto out_free;
+    memcpy(c->recompute_ops, plan->recompute_ops,
+           plan->n_recompute_ops * sizeof *c->recompute_ops);
+  }
+  return c;
+
+out_free:
+  cap_plan_destroy(c);
+  return NULL;
+}
+
+static int grow_actions(cap_plan_t *plan) {
+  if (plan->n_actions < plan->cap_actions)
+    return 0;
+  if (plan->cap_actions >= UINT32_MAX / 2)
+    return CAP_ENOMEM;
+  uint32_t cap = plan->cap_actions ? plan->cap_actions * 2 : 16;
+  cap_action_t *a = realloc(plan->actions, (size_t)cap * sizeof *a);
+  if (!a)
+    return CAP_ENOMEM;
+  plan->actions = a;
+  plan->cap_actions = cap;
+  return 0;
+}
+
+int cap_plan_add_swap(cap_plan_t *plan, uint32_t tensor, uint32_t evict_after,
+                      uint32_t prefetch_tensor, uint32_t prefetch_access,
+                      uint32_t flags) {
+  if (!plan || tensor == CAP_NONE || evict_after == 0 ||
+      (flags & ~CAP_ACTION_SYNC_OUT) ||
+      (prefetch_tensor != CAP_NONE && prefetch_access == 0))
+    return CAP_EINVAL;
+  int rc = grow_actions(plan);
+  if (rc)
+    return rc;
+  cap_action_t *a = &plan->actions[plan->n_actions++];
+  memset(a, 0, sizeof *a);
+  a->tensor = tensor;
+  a->evict_after_access = evict_after;
+  a->method = CAP_METHOD_SWAP;
+  a->flags = flags;
+  a->prefetch_tensor = prefetch_tensor;
+  a->prefetch_access = prefetch_tensor == CAP_NONE ? 0 : prefetch_access;
+  return 0;
+}
+
+int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
+                           uint32_t evict_after, const uint32_t *ops,
+                           uint32_t n_ops) {
+  if (!plan || tensor == CAP_NONE || evict_after == 0 || n_ops == 0 || !ops)
+    return CAP_EINVAL;
+  if (n_ops > UINT32_MAX - plan->n_recompute_ops)
+    return CAP_ENOMEM;
+  uint32_t need = plan->n_recompute_ops + n_ops;
+  if (need > plan->cap_recompute_ops) {
+    uint64_t cap = plan->cap_recompute_ops ? plan->cap_recompute_ops : 64;
+    while (cap < need)
+      cap *= 2;
+    if (cap > UINT32_MAX)
+      cap = UINT32_MAX;
+    uint32_t *r = realloc(plan->recompute_ops, (size_t)cap * sizeof *r);
+    if (!r)
+      return CAP_ENOMEM;
+    plan->recompute_ops = r;
+    plan->cap_recompute_ops = (uint32_t)cap;
+  }
+  int rc = grow_actions(plan);
+  if (rc)
+    return rc;
+  cap_action_t *a = &plan->actions[plan->n_actions++];
+  memset(a, 0, sizeof *a);
+  a->tensor = tensor;
+  a->evict_after_access = evict_after;
+  a->method = CAP_METHOD_RECOMPUTE;
+  a->prefetch_tensor = CAP_NONE;
+  a->recompute_off = plan->n_recompute_ops;
+  a->n_recompute = n_ops;
+  memcpy(plan->recompute_ops + plan->n_recompute_ops, ops,
+         (size_t)n_ops * sizeof *ops);
+  plan->n_recompute_ops = need;
+  return 0;
+}
