@@ -1,0 +1,284 @@
+/*
+ * What the daemon's files share: the daemon context, the session (one per
+ * connection, transport-independent so that tests and the fuzzer feed bytes
+ * straight into it), the tracker that assembles a measured iteration, the
+ * planning work that runs off the loop, and the shared-budget arithmetic.
+ *
+ * Threads: everything here runs on the loop thread except the work callbacks
+ * of planning.c, which touch only their task and the store (whose handle is
+ * thread-safe, store.h).
+ */
+#ifndef CAPUCHIN_DAEMON_INTERNAL_H
+#define CAPUCHIN_DAEMON_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "capuchin/daemon.h"
+#include "capuchin/error.h"
+#include "capuchin/frame.h"
+#include "capuchin/plan.h"
+#include "capuchin/planner.h"
+#include "capuchin/profile.h"
+#include "capuchin/proto.h"
+#include "capuchin/sim.h"
+#include "store.h"
+
+/* --- Log (log.c) --------------------------------------------------------- */
+void cap__log_set_level(cap_log_level_t level);
+cap_log_level_t cap__log_get_level(void);
+int cap__log_parse_level(const char *s, cap_log_level_t *out);
+/* Log to stderr, or to path when set (reopened by each call of this). */
+int cap__log_open(const char *path);
+void cap__log(cap_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void cap__vlog(cap_log_level_t level, const char *fmt, va_list ap);
+#define cap__log_enabled(level) ((level) <= cap__log_get_level())
+
+/* --- sd_notify (notify.c) ------------------------------------------------- */
+/* Send state ("READY=1") to $NOTIFY_SOCKET; 0 when unset. */
+int cap__notify(const char *state);
+
+/* --- Shared budgets (budget.c) --------------------------------------------- */
+/* Shares of `capacity` for n jobs requesting req[i] bytes with floors
+ * floor_[i] (persistent bytes): when the requests fit, each gets its request;
+ * otherwise each gets a share proportional to its request, never below its
+ * floor (capped at its request), the others sharing what the floors leave.
+ * Returns true when the requests were cut. */
+bool cap__budget_shares(const uint64_t *req, const uint64_t *floor_,
+                        uint32_t n, uint64_t capacity, uint64_t *out);
+
+/* --- Tracker (tracker.c) ----------------------------------------------------
+ * Records of the iteration in progress, checked as they arrive (dense ids,
+ * declared tensors, quotas) and kept in flat arrays; the profile is built
+ * from them off the loop (cap__tracker_build). */
+typedef struct cap__tracker_op {
+  int64_t start_ns, end_ns;
+  uint32_t name;    /* index into names */
+  uint32_t ten_off; /* inputs then outputs in op_tensors */
+  uint32_t n_in, n_out;
+} cap__tracker_op_t;
+
+typedef struct cap__tracker_limits {
+  uint64_t max_accesses;
+  uint32_t max_ops;
+  uint32_t max_tensors;
+} cap__tracker_limits_t;
+
+/* Everything a profile is built from; owned arrays, movable to a task. */
+typedef struct cap__iter_records {
+  uint64_t *t_bytes; /* declared tensors (a snapshot) */
+  uint8_t *t_kind;
+  uint32_t n_tensors;
+  cap__tracker_op_t *ops;
+  uint32_t n_ops, cap_ops;
+  uint32_t *op_tensors;
+  uint64_t n_op_tensors, cap_op_tensors;
+  char **names;
+  uint32_t n_names, cap_names;
+  cap_free_t *frees;
+  uint32_t n_frees, cap_frees;
+} cap__iter_records_t;
+
+typedef struct cap__tracker {
+  cap__tracker_limits_t lim;
+  /* Declarations live for the session (ids stable across iterations). */
+  uint64_t *t_bytes;
+  uint8_t *t_kind;
+  uint32_t n_tensors, cap_tensors;
+  /* The iteration in progress. */
+  bool active;
+  bool iter_known;    /* iteration number seen (AccessBatch/IterationEnd) */
+  uint64_t iteration;
+  uint64_t last_ended; /* last IterationEnd's number, 0 before the first */
+  uint64_t dropped;
+  cap__iter_records_t rec;
+  int64_t last_start_ns;
+  /* Name interning: open addressing over rec.names. */
+  uint32_t *name_slots; /* index + 1, 0 empty */
+  uint32_t n_slots;
+} cap__tracker_t;
+
+void cap__tracker_init(cap__tracker_t *t, const cap__tracker_limits_t *lim);
+void cap__tracker_close(cap__tracker_t *t);
+int cap__tracker_decl(cap__tracker_t *t, uint32_t id, uint64_t bytes,
+                      uint32_t kind, char *err, size_t err_len);
+/* Start the iteration the next records belong to (0 = number unknown yet). */
+int cap__tracker_begin(cap__tracker_t *t, uint64_t iteration, char *err,
+                       size_t err_len);
+int cap__tracker_op(cap__tracker_t *t, const cap_proto_op_view_t *op,
+                    char *err, size_t err_len);
+int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
+                       uint64_t *accesses, char *err, size_t err_len);
+int cap__tracker_free(cap__tracker_t *t, int64_t t_ns, uint32_t tensor,
+                      char *err, size_t err_len);
+/* End the iteration: moves its records into *out (snapshotting the
+ * declarations) and resets for the next one. */
+int cap__tracker_end(cap__tracker_t *t, uint64_t iteration,
+                     cap__iter_records_t *out, char *err, size_t err_len);
+/* Drop the iteration in progress (client gone mid-iteration). */
+void cap__tracker_discard(cap__tracker_t *t);
+void cap__iter_records_free(cap__iter_records_t *r);
+/* Build a finished profile from records (any thread). meta: NULL-terminated
+ * key, value pairs. Returns 0 or an error with a message in err. */
+int cap__iter_records_build(cap__iter_records_t *r, const char *const *meta,
+                            cap_profile_t **out, char *err, size_t err_len);
+
+/* --- Daemon context and sessions ------------------------------------------ */
+typedef struct cap__session cap__session_t;
+
+/* How a session talks to its peer. The session never frees its transport:
+ * close() asks the transport to close (after flushing what was sent), and
+ * the transport calls cap__session_detach() from its close callback. */
+typedef struct cap__session_io {
+  /* Queue a frame (malloc'd; ownership passes). Returns 0 or an error
+   * (CAP_EQUOTA when the peer does not read fast enough). */
+  int (*send)(void *ctx, uint8_t *frame, size_t len);
+  void (*close)(void *ctx);
+  void (*pause)(void *ctx);  /* stop feeding input; may be NULL */
+  void (*resume)(void *ctx); /* feed input again; may be NULL */
+} cap__session_io_t;
+
+struct cap_daemon {
+  uv_loop_t *loop;
+  bool own_loop;
+  cap_daemon_config_t cfg;
+  cap_daemon_config_t cmdline; /* applied over the config file on SIGHUP */
+  bool have_cmdline;
+  cap_store_t *store;
+  uv_pipe_t server;
+  bool listening;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  bool signals;
+  uv_timer_t probe;
+  bool probing;
+  uint64_t probe_last_ns;
+  uv_async_t stop_async;
+  bool stop_async_init;
+  bool stopping;
+  cap__session_t *sessions; /* doubly linked, all not yet freed */
+  uint32_t n_live;          /* sessions whose transport is open */
+  uint64_t next_local_id;
+  cap_daemon_stats_t stats;
+};
+
+typedef enum {
+  CAP__S_HELLO = 0,  /* waiting for Hello */
+  CAP__S_WELCOMING,  /* Hello being registered (work in flight) */
+  CAP__S_ACTIVE,
+  CAP__S_CLOSING,    /* close requested; input ignored */
+} cap__session_state_t;
+
+typedef enum {
+  CAP__W_NONE = 0,
+  CAP__W_HELLO,
+  CAP__W_MEASURED,
+  CAP__W_REPLAN,
+  CAP__W_REFINE,
+} cap__work_kind_t;
+
+#define CAP__PLAN_HISTORY 8
+
+struct cap__session {
+  cap_daemon_t *d;
+  cap__session_t *prev, *next;
+  const cap__session_io_t *io;
+  void *io_ctx; /* NULL once the transport closed */
+  uint64_t local_id;
+  uint32_t pid, uid, gid; /* peer credentials */
+  cap__session_state_t state;
+  cap_frame_decoder_t *dec;
+  bool draining; /* inside the feed/drain loop (no re-entry) */
+  bool paused;
+
+  /* From Hello. */
+  char job_name[256];
+  uint32_t hello_pid;
+  uint32_t device_index;
+  char device_name[256];
+  uint64_t device_total_bytes;
+  uint64_t requested_budget;
+  uint64_t granted_budget;
+  uint64_t hello_persistent;
+  uint64_t hello_signature;
+  cap_bandwidth_t bw;
+
+  int64_t job_id, session_id;
+  cap__tracker_t tracker;
+  uint32_t iteration_stalls; /* stalls of the last Feedback (n_stalls) */
+  uint64_t feedback_iteration;
+
+  /* The measured profile and the plan in force. */
+  cap_profile_t *profile;
+  int64_t profile_id;
+  uint64_t signature;
+  cap_plan_t *plan;
+  int64_t plan_id;
+  uint32_t acked_version;
+  struct {
+    uint32_t version;
+    int64_t plan_id;
+  } history[CAP__PLAN_HISTORY];
+  uint32_t n_history;
+
+  /* Off-loop work: one planning task at a time; what arrives meanwhile
+   * waits here. */
+  cap__work_kind_t busy;
+  bool want_replan;
+  bool measuring_done; /* a measured iteration went to planning */
+  cap_feedback_t *pending_fb;
+  uint32_t n_pending_fb;
+  uint32_t pending_fb_version;
+  uint32_t refs; /* tasks holding the session */
+  bool ended;    /* job end recorded */
+};
+
+/* Create a session for a peer (credentials already authorised). */
+cap__session_t *cap__session_create(cap_daemon_t *d,
+                                    const cap__session_io_t *io, void *io_ctx,
+                                    uint32_t pid, uint32_t uid, uint32_t gid);
+/* Bytes from the peer. Never frees s; errors close the session. */
+void cap__session_feed(cap__session_t *s, const void *data, size_t len);
+/* The transport closed (its close callback): the session ends and is freed
+ * once no task holds it. */
+void cap__session_detach(cap__session_t *s);
+/* Send Error{code, msg} and close. */
+void cap__session_fail(cap__session_t *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void cap__session_send_env(cap__session_t *s, const Capuchin__Envelope *env);
+/* Continue with work that waited for the previous task. */
+void cap__session_kick(cap__session_t *s);
+/* Install and push a plan (loop thread); takes ownership of plan. */
+void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
+                               int64_t plan_id);
+void cap__session_unref(cap__session_t *s);
+/* Recompute budget shares of the device s is on; push changes. */
+void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *s);
+
+/* Open store and set up state without sockets (tests, fuzzer). */
+int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,
+                          const cap_daemon_config_t *cfg, char *err,
+                          size_t err_len);
+/* Close every session and the store (after the loop stopped). */
+void cap__daemon_close_core(cap_daemon_t *d);
+
+/* --- Planning and store work (planning.c) ----------------------------------- */
+void cap__work_hello(cap__session_t *s);
+void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
+                        int64_t iter_ns, uint64_t peak_bytes);
+void cap__work_replan(cap__session_t *s);
+void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
+/* Fire-and-forget store writes (do not hold the session). */
+void cap__work_store_iteration(cap_daemon_t *d,
+                               const cap_store_iteration_t *it);
+void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes);
+void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
+                         const char *status);
+
+uint64_t cap__now_ns(void);
+
+#endif /* CAPUCHIN_DAEMON_INTERNAL_H */

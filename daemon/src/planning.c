@@ -1,0 +1,589 @@
+/*
+ * Work that runs off the loop (uv_queue_work): registering a job, building
+ * and storing a measured profile, computing, reusing, re-planning and
+ * refining plans. A task owns its inputs (or reads session data the loop
+ * leaves alone while the session is busy: the profile never changes once
+ * set), does its store writes and planning in the work callback, and hands
+ * its results to the session in the after-work callback on the loop. The
+ * plan is stored before it is pushed, so a plan a client has seen is always
+ * in the database.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon_internal.h"
+
+uint64_t cap__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct task {
+  uv_work_t req;
+  cap__work_kind_t kind;
+  cap__session_t *s;
+  cap_store_t *store;
+  char planner[32];
+  double bw_tolerance;
+  /* inputs */
+  cap_store_job_t job;
+  char job_name[256], device_name[256];
+  uint32_t uid, gid, pid;
+  uint64_t budget;
+  cap_bandwidth_t bw;
+  uint64_t hello_signature;
+  int64_t job_id, session_id;
+  uint32_t base_version;
+  const cap_profile_t *profile; /* session's (replan, refine) */
+  int64_t profile_id;
+  uint64_t signature;
+  cap__iter_records_t rec;
+  int64_t iter_ns;
+  uint64_t peak_bytes;
+  cap_feedback_t *fb;
+  uint32_t n_fb;
+  cap_plan_t *plan_in; /* refine: a clone of the plan in force */
+  /* outputs */
+  int rc;
+  char err[512];
+  cap_profile_t *profile_out;
+  cap_plan_t *plan;
+  int64_t plan_id;
+  bool reused;
+  bool infeasible;
+  uint64_t best_peak;
+  uint64_t plan_us;
+} task_t;
+
+static task_t *task_new(cap__session_t *s, cap__work_kind_t kind) {
+  task_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return NULL;
+  t->req.data = t;
+  t->kind = kind;
+  t->s = s;
+  t->store = s->d->store;
+  snprintf(t->planner, sizeof t->planner, "%s", s->d->cfg.planner);
+  t->bw_tolerance = s->d->cfg.bw_tolerance;
+  t->budget = s->granted_budget;
+  t->bw = s->bw;
+  t->job_id = s->job_id;
+  t->session_id = s->session_id;
+  t->profile = s->profile;
+  t->profile_id = s->profile_id;
+  t->signature = s->signature;
+  t->base_version = s->plan ? s->plan->version : 0;
+  return t;
+}
+
+static void task_free(task_t *t) {
+  cap__iter_records_free(&t->rec);
+  free(t->fb);
+  cap_plan_destroy(t->plan_in);
+  cap_plan_destroy(t->plan);
+  cap_profile_destroy(t->profile_out);
+  free(t);
+}
+
+static void store_err(task_t *t, int rc, const char *what) {
+  t->rc = rc;
+  snprintf(t->err, sizeof t->err, "%s: %s", what, cap_store_last_error());
+}
+
+/* A plan for (profile, signature, budget): the stored one when there is one
+ * for these bandwidths, else a new one. Sets t->plan/plan_id/reused, or
+ * t->infeasible. Every plan gets a version above the session's last. */
+static void find_or_compute(task_t *t, const cap_profile_t *p) {
+  int64_t plan_id = 0;
+  int rc = cap_store_plan_find(t->store, t->signature, t->budget, &t->bw,
+                               t->bw_tolerance, &plan_id, NULL);
+  if (rc == 0) {
+    cap_plan_t *plan = NULL;
+    rc = cap_store_plan_load(t->store, plan_id, &plan, NULL, NULL);
+    if (rc == 0 && cap_plan_validate(plan, p, NULL, 0) == 0) {
+      if (plan->version > t->base_version) {
+        rc = cap_store_plan_assign(t->store, t->job_id, plan_id, true);
+        if (rc) {
+          cap_plan_destroy(plan);
+          store_err(t, rc, "recording a reused plan");
+          return;
+        }
+        t->plan = plan;
+        t->plan_id = plan_id;
+        t->reused = true;
+        return;
+      }
+      /* Same actions under a fresh version for this session. */
+      plan->version = t->base_version + 1;
+      rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, plan, &t->bw,
+                              &t->plan_id);
+      if (rc) {
+        cap_plan_destroy(plan);
+        store_err(t, rc, "storing a plan");
+        return;
+      }
+      t->plan = plan;
+      t->reused = true;
+      return;
+    }
+    cap_plan_destroy(plan);
+    if (rc != 0 && rc != CAP_ENOENT && rc != CAP_ECORRUPT) {
+      store_err(t, rc, "loading a stored plan");
+      return;
+    }
+  } else if (rc != CAP_ENOENT) {
+    store_err(t, rc, "looking up stored plans");
+    return;
+  }
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, t->budget);
+  cfg.bw = t->bw;
+  cap_plan_t *plan = NULL;
+  uint64_t t0 = cap__now_ns();
+  rc = cap_plan_compute(p, t->planner, &cfg, &plan);
+  t->plan_us = (cap__now_ns() - t0) / 1000;
+  if (rc == CAP_EINFEASIBLE) {
+    t->infeasible = true;
+    t->best_peak = plan ? plan->predicted_peak_bytes : 0;
+    cap_plan_destroy(plan);
+    return;
+  }
+  if (rc != 0) {
+    cap_plan_destroy(plan);
+    t->rc = rc;
+    snprintf(t->err, sizeof t->err, "planner '%s': %s", t->planner,
+             cap_strerror(rc));
+    return;
+  }
+  plan->version = t->base_version + 1;
+  rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, plan, &t->bw,
+                          &t->plan_id);
+  if (rc) {
+    cap_plan_destroy(plan);
+    store_err(t, rc, "storing a plan");
+    return;
+  }
+  t->plan = plan;
+}
+
+static void work_cb(uv_work_t *req) {
+  task_t *t = req->data;
+  int rc;
+  switch (t->kind) {
+  case CAP__W_HELLO: {
+    t->job.name = t->job_name;
+    if ((rc = cap_store_job_begin(t->store, &t->job, &t->job_id))) {
+      store_err(t, rc, "registering the job");
+      return;
+    }
+    if ((rc = cap_store_session_begin(t->store, t->job_id, t->pid, t->uid,
+                                      t->gid, &t->session_id))) {
+      store_err(t, rc, "registering the session");
+      return;
+    }
+    if (t->budget != t->job.requested_budget_bytes &&
+        (rc = cap_store_job_set_budget(t->store, t->job_id, t->budget))) {
+      store_err(t, rc, "recording the budget");
+      return;
+    }
+    if (!t->hello_signature)
+      return;
+    int64_t plan_id = 0, profile_id = 0;
+    rc = cap_store_plan_find(t->store, t->hello_signature, t->budget, &t->bw,
+                             t->bw_tolerance, &plan_id, &profile_id);
+    if (rc == CAP_ENOENT)
+      return;
+    if (rc) {
+      store_err(t, rc, "looking up stored plans");
+      return;
+    }
+    cap_plan_t *plan = NULL;
+    cap_profile_t *p = NULL;
+    uint64_t sig = 0;
+    if ((rc = cap_store_plan_load(t->store, plan_id, &plan, NULL, NULL)) ||
+        (rc = cap_store_profile_load(t->store, profile_id, &p, &sig)) ||
+        cap_plan_validate(plan, p, NULL, 0) != 0) {
+      /* A stored pair that does not load is no reason to refuse the job:
+       * it is measured instead. */
+      cap__log(CAP_LOG_WARN, "stored plan %" PRId64 " not reusable: %s",
+               plan_id, rc ? cap_store_last_error() : "invalid for its profile");
+      cap_plan_destroy(plan);
+      cap_profile_destroy(p);
+      return;
+    }
+    if ((rc = cap_store_plan_assign(t->store, t->job_id, plan_id, true))) {
+      cap_plan_destroy(plan);
+      cap_profile_destroy(p);
+      store_err(t, rc, "recording a reused plan");
+      return;
+    }
+    t->plan = plan;
+    t->plan_id = plan_id;
+    t->profile_out = p;
+    t->profile_id = profile_id;
+    t->signature = t->hello_signature;
+    t->reused = true;
+    return;
+  }
+  case CAP__W_MEASURED: {
+    char iter_ns[32], peak[32];
+    snprintf(iter_ns, sizeof iter_ns, "%" PRId64, t->iter_ns);
+    snprintf(peak, sizeof peak, "%" PRIu64, t->peak_bytes);
+    /* Meta values are single words in the trace format. */
+    char model[256], device[256];
+    snprintf(model, sizeof model, "%s", t->job_name);
+    snprintf(device, sizeof device, "%s", t->device_name);
+    for (char *c = model; *c; c++)
+      if (*c == ' ' || *c == '\t' || *c == '=')
+        *c = '_';
+    for (char *c = device; *c; c++)
+      if (*c == ' ' || *c == '\t' || *c == '=')
+        *c = '_';
+    const char *meta[16];
+    int m = 0;
+    if (model[0]) {
+      meta[m++] = "model";
+      meta[m++] = model;
+    }
+    if (device[0]) {
+      meta[m++] = "device";
+      meta[m++] = device;
+    }
+    meta[m++] = "iter_ns";
+    meta[m++] = iter_ns;
+    if (t->peak_bytes) {
+      meta[m++] = "peak_bytes";
+      meta[m++] = peak;
+    }
+    meta[m++] = "source";
+    meta[m++] = "capuchind";
+    meta[m] = NULL;
+    cap_profile_t *p = NULL;
+    rc = cap__iter_records_build(&t->rec, meta, &p, t->err, sizeof t->err);
+    cap__iter_records_free(&t->rec);
+    if (rc) {
+      t->rc = rc;
+      return;
+    }
+    t->profile_out = p;
+    t->signature = cap_profile_signature(p);
+    rc = cap_store_profile_find(t->store, t->signature, &t->profile_id);
+    if (rc == CAP_ENOENT)
+      rc = cap_store_profile_put(t->store, t->job_id, p, t->signature, true,
+                                 &t->bw, &t->profile_id);
+    if (rc) {
+      store_err(t, rc, "storing the profile");
+      return;
+    }
+    find_or_compute(t, p);
+    return;
+  }
+  case CAP__W_REPLAN:
+    find_or_compute(t, t->profile);
+    return;
+  case CAP__W_REFINE: {
+    cap_plan_config_t cfg;
+    cap_plan_config_init(&cfg, t->plan_in->budget_bytes);
+    cfg.bw = t->bw;
+    uint64_t t0 = cap__now_ns();
+    rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
+    t->plan_us = (cap__now_ns() - t0) / 1000;
+    if (rc) {
+      t->rc = rc;
+      snprintf(t->err, sizeof t->err,
+               "feedback: %s (it must name back-accesses of swapped tensors "
+               "of the plan in force)",
+               cap_strerror(rc));
+      return;
+    }
+    if (t->plan_in->version <= t->base_version)
+      t->plan_in->version = t->base_version + 1;
+    rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, t->plan_in,
+                            &t->bw, &t->plan_id);
+    if (rc) {
+      store_err(t, rc, "storing the refined plan");
+      return;
+    }
+    t->plan = t->plan_in;
+    t->plan_in = NULL;
+    return;
+  }
+  default:
+    return;
+  }
+}
+
+static void finish_plan(cap__session_t *s, task_t *t) {
+  if (t->plan) {
+    if (t->reused)
+      s->d->stats.plans_reused++;
+    else
+      s->d->stats.plans_computed++;
+    if (t->plan_us)
+      cap__log(CAP_LOG_INFO, "session %" PRIu64 ": planned in %" PRIu64
+               " us", s->local_id, t->plan_us);
+    cap__session_install_plan(s, t->plan, t->plan_id);
+    t->plan = NULL;
+  } else if (t->infeasible) {
+    cap__log(CAP_LOG_WARN,
+             "session %" PRIu64 " (job '%s'): no plan fits budget %" PRIu64
+             " (smallest peak %" PRIu64 "); the client stays in passive mode",
+             s->local_id, s->job_name, t->budget, t->best_peak);
+    Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
+    bu.has_budget_bytes = 1;
+    bu.budget_bytes = t->budget;
+    char reason[128];
+    snprintf(reason, sizeof reason, "no plan fits; smallest peak %" PRIu64,
+             t->best_peak);
+    bu.reason = reason;
+    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+    cap_proto_envelope_set(&env, &bu);
+    cap__session_send_env(s, &env);
+  }
+  if (t->budget != s->granted_budget && s->profile)
+    s->want_replan = true;
+}
+
+static void after_cb(uv_work_t *req, int status) {
+  task_t *t = req->data;
+  cap__session_t *s = t->s;
+  s->busy = CAP__W_NONE;
+  bool open = s->state != CAP__S_CLOSING && status == 0;
+  if (t->kind == CAP__W_HELLO) {
+    if (t->job_id) {
+      s->job_id = t->job_id;
+      s->session_id = t->session_id;
+    }
+    if (!open) {
+      /* Gone while registering: record the end now. */
+      if (t->job_id && !s->ended) {
+        cap__work_store_end(s->d, t->job_id, t->session_id, "disconnected");
+        s->ended = true;
+      }
+      goto out;
+    }
+    if (t->rc) {
+      cap__session_fail(s, t->rc, "%s", t->err);
+      goto out;
+    }
+    Capuchin__Welcome w = CAPUCHIN__WELCOME__INIT;
+    w.has_protocol_version = w.has_session_id = w.has_job_id = 1;
+    w.has_budget_bytes = w.has_plan_reused = 1;
+    w.protocol_version = CAP_PROTO_VERSION;
+    w.session_id = (uint64_t)t->session_id;
+    w.job_id = (uint64_t)t->job_id;
+    w.budget_bytes = s->granted_budget;
+    w.plan_reused = t->plan != NULL;
+    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+    cap_proto_envelope_set(&env, &w);
+    s->state = CAP__S_ACTIVE;
+    cap__session_send_env(s, &env);
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": job %" PRId64 " '%s' welcomed, budget %" PRIu64
+             "%s",
+             s->local_id, t->job_id, s->job_name, s->granted_budget,
+             t->plan ? ", stored plan reused (no measured iteration)" : "");
+    if (s->granted_budget != t->budget)
+      cap__work_store_budget(s->d, s->job_id, s->granted_budget);
+    if (t->plan) {
+      s->profile = t->profile_out;
+      t->profile_out = NULL;
+      s->profile_id = t->profile_id;
+      s->signature = t->signature;
+      s->measuring_done = true;
+      finish_plan(s, t);
+      /* With its profile known, its floor is known: shares may change. */
+      cap__daemon_rebalance(s->d, s);
+    }
+    goto out;
+  }
+  if (!open)
+    goto out;
+  if (t->rc) {
+    cap__session_fail(s, t->rc, "%s", t->err);
+    goto out;
+  }
+  if (t->kind == CAP__W_MEASURED) {
+    s->profile = t->profile_out;
+    t->profile_out = NULL;
+    s->profile_id = t->profile_id;
+    s->signature = t->signature;
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": profile %" PRId64 " signature %016" PRIx64
+             " stored",
+             s->local_id, s->profile_id, s->signature);
+  }
+  finish_plan(s, t);
+  if (t->kind == CAP__W_MEASURED)
+    cap__daemon_rebalance(s->d, s);
+out:
+  task_free(t);
+  cap__session_kick(s);
+  cap__session_unref(s);
+}
+
+static void submit(cap__session_t *s, task_t *t) {
+  s->busy = t->kind;
+  s->refs++;
+  int rc = uv_queue_work(s->d->loop, &t->req, work_cb, after_cb);
+  if (rc != 0) {
+    s->busy = CAP__W_NONE;
+    s->refs--;
+    task_free(t);
+    cap__session_fail(s, CAP_ENOMEM, "cannot queue work: %s", uv_strerror(rc));
+  }
+}
+
+void cap__work_hello(cap__session_t *s) {
+  task_t *t = task_new(s, CAP__W_HELLO);
+  if (!t) {
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  snprintf(t->job_name, sizeof t->job_name, "%s", s->job_name);
+  snprintf(t->device_name, sizeof t->device_name, "%s", s->device_name);
+  t->job.name = t->job_name;
+  t->job.hostname = NULL;
+  t->job.pid = s->hello_pid ? s->hello_pid : s->pid;
+  t->job.uid = s->uid;
+  t->job.gid = s->gid;
+  t->job.device = (int32_t)s->device_index;
+  t->job.device_total_bytes = s->device_total_bytes;
+  t->job.requested_budget_bytes = s->requested_budget;
+  t->job.hello_signature = s->hello_signature;
+  t->pid = s->pid;
+  t->uid = s->uid;
+  t->gid = s->gid;
+  t->hello_signature = s->hello_signature;
+  submit(s, t);
+}
+
+void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
+                        int64_t iter_ns, uint64_t peak_bytes) {
+  task_t *t = task_new(s, CAP__W_MEASURED);
+  if (!t) {
+    cap__iter_records_free(rec);
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  t->rec = *rec;
+  memset(rec, 0, sizeof *rec);
+  t->iter_ns = iter_ns;
+  t->peak_bytes = peak_bytes;
+  snprintf(t->job_name, sizeof t->job_name, "%s", s->job_name);
+  snprintf(t->device_name, sizeof t->device_name, "%s", s->device_name);
+  submit(s, t);
+}
+
+void cap__work_replan(cap__session_t *s) {
+  task_t *t = task_new(s, CAP__W_REPLAN);
+  if (!t) {
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  submit(s, t);
+}
+
+void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
+  task_t *t = task_new(s, CAP__W_REFINE);
+  if (!t || !(t->plan_in = cap_plan_clone(s->plan))) {
+    free(fb);
+    free(t);
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  t->fb = fb;
+  t->n_fb = n;
+  submit(s, t);
+}
+
+/* --- Fire-and-forget store writes ------------------------------------------- */
+
+typedef struct store_task {
+  uv_work_t req;
+  cap_store_t *store;
+  int kind; /* 0 iteration, 1 budget, 2 end */
+  cap_store_iteration_t it;
+  int64_t job_id, session_id;
+  uint64_t bytes;
+  char status[160];
+} store_task_t;
+
+static void store_work(uv_work_t *req) {
+  store_task_t *t = req->data;
+  int rc = 0;
+  const char *what = "";
+  switch (t->kind) {
+  case 0:
+    what = "storing an iteration";
+    rc = cap_store_iteration_put(t->store, &t->it, NULL);
+    break;
+  case 1:
+    what = "storing a budget";
+    rc = cap_store_job_set_budget(t->store, t->job_id, t->bytes);
+    break;
+  case 2:
+    what = "recording a job's end";
+    if (t->session_id)
+      rc = cap_store_session_end(t->store, t->session_id, t->status);
+    if (rc == 0)
+      rc = cap_store_job_end(t->store, t->job_id, t->status);
+    break;
+  }
+  if (rc)
+    cap__log(CAP_LOG_ERROR, "store: %s: %s", what, cap_store_last_error());
+}
+
+static void store_after(uv_work_t *req, int status) { free(req->data); }
+
+static void store_submit(cap_daemon_t *d, store_task_t *t) {
+  t->req.data = t;
+  t->store = d->store;
+  if (uv_queue_work(d->loop, &t->req, store_work, store_after) != 0) {
+    cap__log(CAP_LOG_ERROR, "store: cannot queue a write");
+    free(t);
+  }
+}
+
+void cap__work_store_iteration(cap_daemon_t *d,
+                               const cap_store_iteration_t *it) {
+  if (!it->job_id)
+    return;
+  store_task_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return;
+  t->kind = 0;
+  t->it = *it;
+  store_submit(d, t);
+}
+
+void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes) {
+  if (!job_id)
+    return;
+  store_task_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return;
+  t->kind = 1;
+  t->job_id = job_id;
+  t->bytes = bytes;
+  store_submit(d, t);
+}
+
+void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
+                         const char *status) {
+  if (!job_id)
+    return;
+  store_task_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return;
+  t->kind = 2;
+  t->job_id = job_id;
+  t->session_id = session_id;
+  snprintf(t->status, sizeof t->status, "%s", status ? status : "ok");
+  store_submit(d, t);
+}

@@ -1,0 +1,560 @@
+/*
+ * A session: one client connection, from Hello to Bye. Bytes come in through
+ * cap__session_feed() (from the socket in server.c, or straight from a test
+ * or the fuzzer), are cut into validated frames by the proto decoder, and
+ * each message moves the session's state machine. Anything a client gets
+ * wrong ends its session with an Error frame naming the problem; nothing it
+ * sends can affect another session or what is already stored.
+ *
+ * Lifetime: a session is freed only when its transport has closed
+ * (cap__session_detach) and no off-loop task holds it (refs), never inside
+ * one of its own callbacks.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon_internal.h"
+
+static void drain(cap__session_t *s);
+static void close_session(cap__session_t *s, const char *status);
+
+cap__session_t *cap__session_create(cap_daemon_t *d,
+                                    const cap__session_io_t *io, void *io_ctx,
+                                    uint32_t pid, uint32_t uid, uint32_t gid) {
+  cap__session_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  cap_frame_limits_t lim;
+  cap_frame_limits_init(&lim);
+  lim.max_frame_bytes = d->cfg.max_frame_bytes;
+  /* Unpacked messages may be a few times their packed size; keep the
+   * decoder's own defaults proportional to the frame cap. */
+  lim.max_alloc_bytes = 4 * d->cfg.max_frame_bytes;
+  if (lim.max_alloc_bytes < (1u << 20))
+    lim.max_alloc_bytes = 1u << 20;
+  lim.max_buffer_bytes = 2 * d->cfg.max_frame_bytes + (64u << 10);
+  s->dec = cap_frame_decoder_create(&lim);
+  if (!s->dec) {
+    free(s);
+    return NULL;
+  }
+  cap__tracker_limits_t tl = {
+      .max_accesses = d->cfg.max_accesses_per_iteration,
+      .max_ops = d->cfg.max_ops_per_iteration,
+      .max_tensors = d->cfg.max_tensors,
+  };
+  cap__tracker_init(&s->tracker, &tl);
+  s->d = d;
+  s->io = io;
+  s->io_ctx = io_ctx;
+  s->local_id = ++d->next_local_id;
+  s->pid = pid;
+  s->uid = uid;
+  s->gid = gid;
+  s->state = CAP__S_HELLO;
+  s->refs = 1; /* the transport */
+  s->next = d->sessions;
+  if (d->sessions)
+    d->sessions->prev = s;
+  d->sessions = s;
+  d->n_live++;
+  return s;
+}
+
+static void session_free(cap__session_t *s) {
+  cap_daemon_t *d = s->d;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    d->sessions = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  cap_frame_decoder_destroy(s->dec);
+  cap__tracker_close(&s->tracker);
+  cap_profile_destroy(s->profile);
+  cap_plan_destroy(s->plan);
+  free(s->pending_fb);
+  free(s);
+}
+
+void cap__session_unref(cap__session_t *s) {
+  if (--s->refs == 0)
+    session_free(s);
+}
+
+void cap__session_detach(cap__session_t *s) {
+  s->io_ctx = NULL;
+  if (s->state != CAP__S_CLOSING)
+    close_session(s, "disconnected");
+  s->d->n_live--;
+  cap__session_unref(s);
+}
+
+static const char *who(const cap__session_t *s, char *buf, size_t len) {
+  if (s->job_name[0])
+    snprintf(buf, len, "session %" PRIu64 " (job '%s' pid %" PRIu32 ")",
+             s->local_id, s->job_name, s->pid);
+  else
+    snprintf(buf, len, "session %" PRIu64 " (pid %" PRIu32 " uid %" PRIu32
+             ")", s->local_id, s->pid, s->uid);
+  return buf;
+}
+
+void cap__session_send_env(cap__session_t *s, const Capuchin__Envelope *env) {
+  if (!s->io_ctx)
+    return;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = cap_frame_encode_alloc(env, 0, &buf, &len);
+  if (rc != 0) {
+    char w[320];
+    cap__log(CAP_LOG_ERROR, "%s: cannot encode %s: %s", who(s, w, sizeof w),
+             cap_frame_msg_name(env), cap_strerror(rc));
+    return;
+  }
+  rc = s->io->send(s->io_ctx, buf, len);
+  if (rc == CAP_EQUOTA && s->state != CAP__S_CLOSING) {
+    char w[320];
+    cap__log(CAP_LOG_WARN, "%s: peer does not read its frames; closing",
+             who(s, w, sizeof w));
+    close_session(s, "error: peer not reading");
+  }
+}
+
+void cap__session_fail(cap__session_t *s, int code, const char *fmt, ...) {
+  if (s->state == CAP__S_CLOSING)
+    return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  char w[320];
+  cap__log(CAP_LOG_WARN, "%s: %s: %s; closing the session",
+           who(s, w, sizeof w), cap_err_name(code), msg);
+  s->d->stats.protocol_errors++;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if (s->io_ctx && cap_proto_error_frame(code, msg, &buf, &len) == 0)
+    s->io->send(s->io_ctx, buf, len);
+  char status[160];
+  snprintf(status, sizeof status, "error: %.150s", msg);
+  close_session(s, status);
+}
+
+static void close_session(cap__session_t *s, const char *status) {
+  if (s->state == CAP__S_CLOSING)
+    return;
+  cap__session_state_t was = s->state;
+  s->state = CAP__S_CLOSING;
+  char w[320];
+  if (s->tracker.active && s->tracker.rec.n_ops) {
+    cap__log(CAP_LOG_INFO,
+             "%s: left during iteration %" PRIu64 "; its %" PRIu32
+             " ops are discarded, never planned from",
+             who(s, w, sizeof w), s->tracker.iteration, s->tracker.rec.n_ops);
+  }
+  cap__tracker_discard(&s->tracker);
+  /* With a Hello in flight the job ids are not known yet; the Hello task
+   * records the end when it finishes. */
+  if (was != CAP__S_WELCOMING && s->job_id && !s->ended) {
+    cap__work_store_end(s->d, s->job_id, s->session_id, status);
+    s->ended = true;
+  }
+  cap__log(CAP_LOG_INFO, "%s: closed (%s)", who(s, w, sizeof w), status);
+  if (s->io_ctx)
+    s->io->close(s->io_ctx);
+  /* The others on this device get their budgets back. */
+  if (was == CAP__S_ACTIVE || was == CAP__S_WELCOMING)
+    cap__daemon_rebalance(s->d, s);
+}
+
+void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
+                               int64_t plan_id) {
+  cap_plan_destroy(s->plan);
+  s->plan = plan;
+  s->plan_id = plan_id;
+  s->history[s->n_history % CAP__PLAN_HISTORY].version = plan->version;
+  s->history[s->n_history % CAP__PLAN_HISTORY].plan_id = plan_id;
+  s->n_history++;
+  Capuchin__Plan *msg = NULL;
+  int rc = cap_proto_plan_to_msg(plan, &msg);
+  char w[320];
+  if (rc != 0) {
+    cap__log(CAP_LOG_ERROR, "%s: plan %" PRId64 " cannot be sent: %s",
+             who(s, w, sizeof w), plan_id, cap_strerror(rc));
+    return;
+  }
+  Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+  cap_proto_envelope_set(&env, msg);
+  cap__session_send_env(s, &env);
+  cap_proto_msg_free(msg);
+  s->d->stats.plans_pushed++;
+  cap__log(CAP_LOG_INFO,
+           "%s: plan %" PRId64 " v%" PRIu32 " pushed: %" PRIu32
+           " actions, budget %" PRIu64 ", predicted peak %" PRIu64
+           " iter %" PRId64 " ns",
+           who(s, w, sizeof w), plan_id, plan->version, plan->n_actions,
+           plan->budget_bytes, plan->predicted_peak_bytes,
+           plan->predicted_iter_ns);
+}
+
+void cap__session_kick(cap__session_t *s) {
+  if (s->state != CAP__S_ACTIVE || s->busy != CAP__W_NONE)
+    return;
+  if (s->want_replan && s->profile) {
+    s->want_replan = false;
+    cap__work_replan(s);
+    return;
+  }
+  if (s->n_pending_fb && s->plan && s->pending_fb_version == s->plan->version) {
+    cap_feedback_t *fb = s->pending_fb;
+    uint32_t n = s->n_pending_fb;
+    s->pending_fb = NULL;
+    s->n_pending_fb = 0;
+    cap__work_refine(s, fb, n);
+    return;
+  }
+  free(s->pending_fb);
+  s->pending_fb = NULL;
+  s->n_pending_fb = 0;
+  /* Frames held back while the Hello was registered. */
+  drain(s);
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  snprintf(dst, cap, "%s", src ? src : "");
+}
+
+static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
+  if (h->protocol_version != CAP_PROTO_VERSION) {
+    cap__session_fail(s, CAP_EVERSION,
+                      "hello: protocol version %" PRIu32
+                      " not supported (this daemon speaks %u)",
+                      h->protocol_version, CAP_PROTO_VERSION);
+    return;
+  }
+  copy_str(s->job_name, sizeof s->job_name, h->job_name);
+  copy_str(s->device_name, sizeof s->device_name, h->device_name);
+  s->hello_pid = h->pid;
+  s->device_index = h->device_index;
+  s->device_total_bytes = h->device_total_bytes;
+  s->requested_budget = h->budget_bytes;
+  s->granted_budget = h->budget_bytes;
+  s->hello_persistent = h->has_persistent_bytes ? h->persistent_bytes : 0;
+  s->hello_signature = h->has_model_signature ? h->model_signature : 0;
+  s->bw.h2d_gbps = h->h2d_gbps;
+  s->bw.d2h_gbps = h->d2h_gbps;
+  s->bw.duplex_gbps = h->duplex_gbps;
+  s->state = CAP__S_WELCOMING;
+  char w[320];
+  cap__log(CAP_LOG_INFO,
+           "%s: hello: device %" PRIu32 " '%s' (%" PRIu64
+           " bytes), budget %" PRIu64 ", bandwidth %.1f/%.1f/%.1f GB/s%s",
+           who(s, w, sizeof w), s->device_index, s->device_name,
+           s->device_total_bytes, s->requested_budget, s->bw.h2d_gbps,
+           s->bw.d2h_gbps, s->bw.duplex_gbps,
+           s->hello_signature ? ", with a model signature" : "");
+  /* Its share of the device decides the budget the Welcome grants. */
+  cap__daemon_rebalance(s->d, s);
+  cap__work_hello(s);
+}
+
+static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e) {
+  char err[512] = "";
+  uint64_t dropped = s->tracker.dropped;
+  cap__iter_records_t rec;
+  int rc = cap__tracker_end(&s->tracker, e->iteration, &rec, err, sizeof err);
+  if (rc != 0) {
+    cap__session_fail(s, rc, "iteration_end: %s",
+                      err[0] ? err : cap_strerror(rc));
+    return;
+  }
+  cap_store_iteration_t it = {
+      .job_id = s->job_id,
+      .session_id = s->session_id,
+      .iteration = e->iteration,
+      .iter_ns = e->iter_ns,
+      .peak_bytes = e->peak_bytes,
+      .stall_ns = e->stall_ns,
+      .n_stalls = s->feedback_iteration == e->iteration ? s->iteration_stalls
+                                                        : 0,
+      .swap_out_bytes = e->bytes_out,
+      .swap_in_bytes = e->bytes_in,
+      .recompute_ns = e->has_recompute_ns ? e->recompute_ns : 0,
+  };
+  if (e->has_plan_version && e->plan_version) {
+    it.plan_version = e->plan_version;
+    for (uint32_t i = 0; i < CAP__PLAN_HISTORY && i < s->n_history; i++)
+      if (s->history[i].version == e->plan_version)
+        it.plan_id = s->history[i].plan_id;
+    if (!it.plan_id)
+      it.plan_version = 0; /* a version this session never sent */
+  }
+  cap__work_store_iteration(s->d, &it);
+  char w[320];
+  bool usable = e->measured && !e->incomplete && dropped == 0 && rec.n_ops;
+  if (e->measured && !usable) {
+    cap__log(CAP_LOG_INFO,
+             "%s: iteration %" PRIu64 " incomplete (%" PRIu64
+             " records dropped, %" PRIu32 " ops): not used for planning",
+             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops);
+  } else if (usable && !s->profile && !s->measuring_done &&
+             s->busy == CAP__W_NONE) {
+    cap__log(CAP_LOG_INFO,
+             "%s: measured iteration %" PRIu64 ": %" PRIu32 " ops, %" PRIu64
+             " accesses, %" PRIu32 " tensors; planning",
+             who(s, w, sizeof w), e->iteration, rec.n_ops, rec.n_op_tensors,
+             rec.n_tensors);
+    s->measuring_done = true;
+    cap__work_measured(s, &rec, e->iter_ns, e->peak_bytes);
+    return; /* rec moved */
+  }
+  cap__iter_records_free(&rec);
+}
+
+static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
+  s->feedback_iteration = f->iteration;
+  s->iteration_stalls = (uint32_t)f->n_stalls;
+  if (!s->plan || f->plan_version != s->plan->version) {
+    cap__log(CAP_LOG_DEBUG,
+             "session %" PRIu64 ": feedback for plan v%" PRIu32
+             " ignored (v%" PRIu32 " is in force)",
+             s->local_id, f->plan_version, s->plan ? s->plan->version : 0);
+    return;
+  }
+  if (f->n_stalls == 0)
+    return;
+  cap_feedback_t *fb = NULL;
+  uint32_t n = 0;
+  int rc = cap_proto_feedback_from_msg(f, &fb, &n);
+  if (rc != 0) {
+    cap__session_fail(s, rc, "feedback: %s", cap_strerror(rc));
+    return;
+  }
+  if (s->busy != CAP__W_NONE) {
+    free(s->pending_fb); /* the newest measurement wins */
+    s->pending_fb = fb;
+    s->n_pending_fb = n;
+    s->pending_fb_version = f->plan_version;
+    return;
+  }
+  cap__work_refine(s, fb, n);
+}
+
+static void handle(cap__session_t *s, const Capuchin__Envelope *env) {
+  char err[512] = "";
+  int rc = 0;
+  if (s->state == CAP__S_HELLO &&
+      env->msg_case != CAPUCHIN__ENVELOPE__MSG_HELLO) {
+    cap__session_fail(s, CAP_EPROTO, "expected hello first, got %s",
+                      cap_frame_msg_name(env));
+    return;
+  }
+  switch (env->msg_case) {
+  case CAPUCHIN__ENVELOPE__MSG_HELLO:
+    if (s->state != CAP__S_HELLO) {
+      cap__session_fail(s, CAP_EPROTO, "unexpected hello: already said hello");
+      return;
+    }
+    on_hello(s, env->hello);
+    return;
+  case CAPUCHIN__ENVELOPE__MSG_TENSOR_DECL:
+    rc = cap__tracker_decl(&s->tracker, env->tensor_decl->id,
+                           env->tensor_decl->bytes,
+                           (uint32_t)env->tensor_decl->kind, err, sizeof err);
+    break;
+  case CAPUCHIN__ENVELOPE__MSG_OP_RECORD: {
+    const Capuchin__OpRecord *o = env->op_record;
+    cap_proto_op_view_t v = {
+        .seq = o->seq, .start_ns = o->start_ns, .end_ns = o->end_ns,
+        .name = o->name, .in = o->inputs, .n_in = (uint32_t)o->n_inputs,
+        .out = o->outputs, .n_out = (uint32_t)o->n_outputs,
+    };
+    rc = cap__tracker_op(&s->tracker, &v, err, sizeof err);
+    s->d->stats.accesses_in += (uint64_t)v.n_in + v.n_out;
+    break;
+  }
+  case CAPUCHIN__ENVELOPE__MSG_ACCESS_BATCH: {
+    uint64_t n = 0;
+    rc = cap__tracker_batch(&s->tracker, env->access_batch, &n, err,
+                            sizeof err);
+    s->d->stats.accesses_in += n;
+    break;
+  }
+  case CAPUCHIN__ENVELOPE__MSG_FREE:
+    rc = cap__tracker_free(&s->tracker, env->free->t_ns, env->free->tensor,
+                           err, sizeof err);
+    break;
+  case CAPUCHIN__ENVELOPE__MSG_ITERATION_END:
+    on_iteration_end(s, env->iteration_end);
+    return;
+  case CAPUCHIN__ENVELOPE__MSG_FEEDBACK:
+    on_feedback(s, env->feedback);
+    return;
+  case CAPUCHIN__ENVELOPE__MSG_PLAN_ACK: {
+    uint32_t v = env->plan_ack->version;
+    if (!s->plan || v > s->plan->version) {
+      cap__session_fail(s, CAP_EPROTO,
+                        "plan_ack: version %" PRIu32 " was never sent", v);
+      return;
+    }
+    s->acked_version = v;
+    return;
+  }
+  case CAPUCHIN__ENVELOPE__MSG_ERROR: {
+    char w[320];
+    cap__log(CAP_LOG_WARN, "%s: client reports error %d: %s",
+             who(s, w, sizeof w), env->error->code,
+             env->error->message ? env->error->message : "");
+    close_session(s, "client error");
+    return;
+  }
+  case CAPUCHIN__ENVELOPE__MSG_BYE:
+    close_session(s, "ok");
+    return;
+  case CAPUCHIN__ENVELOPE__MSG_WELCOME:
+  case CAPUCHIN__ENVELOPE__MSG_PLAN:
+  case CAPUCHIN__ENVELOPE__MSG_BUDGET_UPDATE:
+    cap__session_fail(s, CAP_EPROTO, "unexpected %s from a client",
+                      cap_frame_msg_name(env));
+    return;
+  default:
+    cap__session_fail(s, CAP_EPROTO, "unknown message (%s)",
+                      cap_frame_msg_name(env));
+    return;
+  }
+  if (rc != 0)
+    cap__session_fail(s, rc, "%s: %s", cap_frame_msg_name(env),
+                      err[0] ? err : cap_strerror(rc));
+}
+
+static void drain(cap__session_t *s) {
+  if (s->draining)
+    return;
+  s->draining = true;
+  while (s->state == CAP__S_HELLO || s->state == CAP__S_ACTIVE) {
+    Capuchin__Envelope *env = NULL;
+    char err[512] = "";
+    int rc = cap_frame_decoder_next(s->dec, &env, err, sizeof err);
+    if (rc == 0)
+      break;
+    if (rc < 0) {
+      cap__session_fail(s, rc, "bad frame: %s",
+                        err[0] ? err : cap_strerror(rc));
+      break;
+    }
+    s->d->stats.frames_in++;
+    handle(s, env);
+    cap_frame_decoder_release(s->dec, env);
+  }
+  s->draining = false;
+  /* While the Hello is registered, hold the socket so that buffered input
+   * stays bounded; resume when the Welcome is out. */
+  if (s->io_ctx) {
+    bool want_pause = s->state == CAP__S_WELCOMING;
+    if (want_pause && !s->paused && s->io->pause) {
+      s->io->pause(s->io_ctx);
+      s->paused = true;
+    } else if (!want_pause && s->paused && s->io->resume) {
+      s->io->resume(s->io_ctx);
+      s->paused = false;
+    }
+  }
+}
+
+void cap__session_feed(cap__session_t *s, const void *data, size_t len) {
+  if (s->state == CAP__S_CLOSING)
+    return;
+  int rc = cap_frame_decoder_feed(s->dec, data, len);
+  if (rc != 0) {
+    if (rc == CAP_E2BIG)
+      cap__session_fail(s, rc,
+                        "bad frame: length over the maximum of %zu bytes",
+                        s->d->cfg.max_frame_bytes);
+    else if (rc == CAP_EPROTO)
+      cap__session_fail(s, rc, "bad frame: zero-length frame");
+    else
+      cap__session_fail(s, rc, "bad frame: %s", cap_strerror(rc));
+    return;
+  }
+  drain(s);
+}
+
+/* --- Shared budgets --------------------------------------------------------- */
+
+static bool same_device(const cap__session_t *a, const cap__session_t *b) {
+  return a->device_index == b->device_index &&
+         strcmp(a->device_name, b->device_name) == 0;
+}
+
+void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *who_) {
+  uint32_t n = 0;
+  for (cap__session_t *s = d->sessions; s; s = s->next)
+    if ((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
+        same_device(s, who_))
+      n++;
+  if (n == 0)
+    return;
+  cap__session_t **list = malloc(n * sizeof *list);
+  uint64_t *req = malloc(n * sizeof *req), *fl = malloc(n * sizeof *fl),
+           *out = malloc(n * sizeof *out);
+  if (!list || !req || !fl || !out)
+    goto out_free;
+  uint32_t i = 0;
+  uint64_t capacity = d->cfg.gpu_memory_bytes;
+  bool from_hello = capacity == 0;
+  for (cap__session_t *s = d->sessions; s; s = s->next) {
+    if (!((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
+          same_device(s, who_)))
+      continue;
+    list[i] = s;
+    req[i] = s->requested_budget;
+    fl[i] = s->profile ? s->profile->persistent_bytes : s->hello_persistent;
+    if (from_hello && s->device_total_bytes &&
+        (capacity == 0 || s->device_total_bytes < capacity))
+      capacity = s->device_total_bytes;
+    i++;
+  }
+  if (capacity == 0)
+    capacity = UINT64_MAX;
+  bool cut = cap__budget_shares(req, fl, n, capacity, out);
+  for (i = 0; i < n; i++) {
+    cap__session_t *s = list[i];
+    if (out[i] == s->granted_budget)
+      continue;
+    char w[320];
+    cap__log(CAP_LOG_INFO,
+             "%s: budget %" PRIu64 " -> %" PRIu64 " (device %" PRIu32
+             " '%s': %" PRIu64 " bytes shared by %" PRIu32 " jobs%s)",
+             who(s, w, sizeof w), s->granted_budget, out[i], s->device_index,
+             s->device_name, capacity, n, cut ? "" : ", all requests fit");
+    s->granted_budget = out[i];
+    if (s->state != CAP__S_ACTIVE)
+      continue; /* the Welcome (or the Hello task) carries it */
+    cap__work_store_budget(d, s->job_id, out[i]);
+    if (s->profile) {
+      if (s->busy != CAP__W_NONE)
+        s->want_replan = true;
+      else
+        cap__work_replan(s);
+    } else {
+      Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
+      bu.has_budget_bytes = 1;
+      bu.budget_bytes = out[i];
+      bu.reason = cut ? "device shared with other jobs"
+                      : "device no longer shared";
+      Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+      cap_proto_envelope_set(&env, &bu);
+      cap__session_send_env(s, &env);
+    }
+  }
+out_free:
+  free(list);
+  free(req);
+  free(fl);
+  free(out);
+}
