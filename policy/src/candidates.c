@@ -1,0 +1,353 @@
+/*
+ * Capuchin planner context: op-space memory, live ranges, in-place writes
+ * and the eviction candidates (every gap between two consecutive accesses
+ * of an evictable tensor).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "capuchin/error.h"
+#include "capuchin_internal.h"
+
+/* --- segment tree: range add, range max ----------------------------------- */
+
+static void mt_build(cap__memtree_t *t, uint32_t node, uint32_t lo, uint32_t hi,
+                     const int64_t *v) {
+  t->lz[node] = 0;
+  if (hi - lo == 1) {
+    t->mx[node] = v[lo];
+    return;
+  }
+  uint32_t mid = lo + (hi - lo) / 2;
+  mt_build(t, 2 * node, lo, mid, v);
+  mt_build(t, 2 * node + 1, mid, hi, v);
+  t->mx[node] = t->mx[2 * node] > t->mx[2 * node + 1] ? t->mx[2 * node]
+                                                      : t->mx[2 * node + 1];
+}
+
+int cap__memtree_init(cap__memtree_t *t, const int64_t *vals, uint32_t n) {
+  memset(t, 0, sizeof *t);
+  if (n == 0)
+    return 0;
+  t->mx = malloc(4 * (size_t)n * sizeof *t->mx);
+  t->lz = malloc(4 * (size_t)n * sizeof *t->lz);
+  if (!t->mx || !t->lz) {
+    cap__memtree_close(t);
+    return CAP_ENOMEM;
+  }
+  t->n = n;
+  mt_build(t, 1, 0, n, vals);
+  return 0;
+}
+
+void cap__memtree_close(cap__memtree_t *t) {
+  free(t->mx);
+  free(t->lz);
+  memset(t, 0, sizeof *t);
+}
+
+static void mt_add(cap__memtree_t *t, uint32_t node, uint32_t lo, uint32_t hi,
+                   uint32_t a, uint32_t b, int64_t d) {
+  if (b <= lo || hi <= a)
+    return;
+  if (a <= lo && hi <= b) {
+    t->mx[node] += d;
+    t->lz[node] += d;
+    return;
+  }
+  uint32_t mid = lo + (hi - lo) / 2;
+  mt_add(t, 2 * node, lo, mid, a, b, d);
+  mt_add(t, 2 * node + 1, mid, hi, a, b, d);
+  int64_t m = t->mx[2 * node] > t->mx[2 * node + 1] ? t->mx[2 * node]
+                                                    : t->mx[2 * node + 1];
+  t->mx[node] = m + t->lz[node];
+}
+
+void cap__memtree_add(cap__memtree_t *t, uint32_t lo, uint32_t hi,
+                      int64_t delta) {
+  if (hi > t->n)
+    hi = t->n;
+  if (lo >= hi || delta == 0)
+    return;
+  mt_add(t, 1, 0, t->n, lo, hi, delta);
+}
+
+static int64_t mt_max(const cap__memtree_t *t, uint32_t node, uint32_t lo,
+                      uint32_t hi, uint32_t a, uint32_t b) {
+  if (b <= lo || hi <= a)
+    return INT64_MIN;
+  if (a <= lo && hi <= b)
+    return t->mx[node];
+  uint32_t mid = lo + (hi - lo) / 2;
+  int64_t l = mt_max(t, 2 * node, lo, mid, a, b);
+  int64_t r = mt_max(t, 2 * node + 1, mid, hi, a, b);
+  int64_t m = l > r ? l : r;
+  return m == INT64_MIN ? m : m + t->lz[node];
+}
+
+int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi) {
+  if (hi > t->n)
+    hi = t->n;
+  if (lo >= hi)
+    return INT64_MIN;
+  return mt_max(t, 1, 0, t->n, lo, hi);
+}
+
+/* --- small helpers --------------------------------------------------------- */
+
+int cap__u32vec_push(cap__u32vec_t *v, uint32_t x) {
+  if (v->n == v->cap) {
+    uint32_t cap = v->cap ? v->cap * 2 : 8;
+    uint32_t *n = realloc(v->v, (size_t)cap * sizeof *n);
+    if (!n)
+      return CAP_ENOMEM;
+    v->v = n;
+    v->cap = cap;
+  }
+  v->v[v->n++] = x;
+  return 0;
+}
+
+uint32_t cap__op_at_or_after(const cap__ctx_t *c, int64_t t) {
+  uint32_t lo = 0, hi = c->n_ops;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (c->op_start[mid] < t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit) {
+  uint32_t lo = 0, hi = limit < c->n_ops ? limit : c->n_ops;
+  /* first op in [0, hi) with start > t */
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (c->op_start[mid] <= t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo == 0 ? CAP_NONE : lo - 1;
+}
+
+static bool op_lists_output(const cap_profile_t *p, uint32_t op, uint32_t t) {
+  const cap_op_t *o = &p->ops[op];
+  const uint32_t *out = cap_op_outputs(p, o);
+  for (uint32_t i = 0; i < o->n_out; i++)
+    if (out[i] == t)
+      return true;
+  return false;
+}
+
+/* Index (0-based) of the first access of x with op >= op. */
+static uint32_t access_lower(const cap_profile_t *p, uint32_t x, uint32_t op) {
+  const cap_tensor_t *t = &p->tensors[x];
+  const uint32_t *acc = p->access_ops + t->access_off;
+  uint32_t lo = 0, hi = t->n_accesses;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (acc[mid] < op)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b) {
+  const cap_profile_t *p = c->p;
+  const cap_tensor_t *t = &p->tensors[x];
+  if (t->n_accesses == 0)
+    return false;
+  if (p->access_ops[t->access_off] >= b || c->live_end[x] <= b)
+    return false;
+  /* the gap containing b: accesses i-1 (< b) and i (>= b) */
+  uint32_t i = access_lower(p, x, b);
+  if (i == 0 || i >= t->n_accesses)
+    return true; /* after the last access: live until its free */
+  return c->gap_state[t->access_off + i - 1] == GAP_FREE;
+}
+
+bool cap__evictable(const cap__ctx_t *c, uint32_t x, uint32_t a, uint32_t b) {
+  const cap__u32vec_t *u = &c->uses[x];
+  for (uint32_t i = 0; i < u->n; i++)
+    if (u->v[i] > a && u->v[i] <= b)
+      return false;
+  return true;
+}
+
+uint32_t cap__version_before(const cap__ctx_t *c, uint32_t x, uint32_t op) {
+  const uint32_t *m = c->mods + c->mod_off[x];
+  uint32_t lo = 0, hi = c->mod_off[x + 1] - c->mod_off[x];
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (m[mid] < op)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+bool cap__written_between(const cap__ctx_t *c, uint32_t x, uint32_t lo,
+                          uint32_t hi) {
+  return cap__version_before(c, x, hi) > cap__version_before(c, x, lo);
+}
+
+/* --- context --------------------------------------------------------------- */
+
+static bool evictable_kind(const cap__ctx_t *c, const cap_tensor_t *t) {
+  if (t->kind == CAP_KIND_ACTIVATION)
+    return t->free_ns >= 0; /* never-freed activations count as persistent */
+  return c->cfg->evict_persistent;
+}
+
+int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
+                  const cap_plan_config_t *cfg) {
+  memset(c, 0, sizeof *c);
+  c->p = p;
+  c->cfg = cfg;
+  uint32_t n = p->n_ops, nt = p->n_tensors;
+  c->n_ops = n;
+  int rc = CAP_ENOMEM;
+  c->op_start = malloc(((size_t)n + 1) * sizeof *c->op_start);
+  c->op_end = malloc(((size_t)n + 1) * sizeof *c->op_end);
+  c->live_end = malloc(((size_t)nt + 1) * sizeof *c->live_end);
+  c->base_mem = calloc((size_t)n + 1, sizeof *c->base_mem);
+  c->mod_off = calloc((size_t)nt + 1, sizeof *c->mod_off);
+  c->gap_state = calloc((size_t)p->n_accesses + 1, 1);
+  c->uses = calloc((size_t)nt + 1, sizeof *c->uses);
+  c->mark = calloc((size_t)nt + 1, sizeof *c->mark);
+  c->mark_ver = calloc((size_t)nt + 1, sizeof *c->mark_ver);
+  c->opmark = calloc((size_t)n + 1, sizeof *c->opmark);
+  if (!c->op_start || !c->op_end || !c->live_end || !c->base_mem ||
+      !c->mod_off || !c->gap_state || !c->uses || !c->mark || !c->mark_ver ||
+      !c->opmark)
+    goto out_fail;
+  for (uint32_t i = 0; i < n; i++) {
+    c->op_start[i] = p->ops[i].start_ns;
+    c->op_end[i] = p->ops[i].end_ns;
+  }
+
+  /* Live ranges and the unmanaged op-space curve, as cap_curve_compute
+   * counts it: persistent bytes plus each freed activation from the start
+   * of its first access to its free (a free at an op's start time comes
+   * first). */
+  int64_t *diff = c->base_mem;
+  uint32_t n_gaps = 0;
+  for (uint32_t x = 0; x < nt; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    c->live_end[x] = n;
+    if (t->n_accesses == 0)
+      continue;
+    if (t->kind == CAP_KIND_ACTIVATION && t->free_ns >= 0) {
+      uint32_t first = p->access_ops[t->access_off];
+      uint32_t end = cap__op_at_or_after(c, t->free_ns);
+      if (end < first + 1)
+        end = first + 1; /* freed inside its only op: held during it */
+      c->live_end[x] = end;
+      diff[first] += (int64_t)t->bytes;
+      diff[end] -= (int64_t)t->bytes;
+    }
+    if (evictable_kind(c, t) && t->n_accesses > 1)
+      n_gaps += t->n_accesses - 1;
+  }
+  int64_t run = (int64_t)p->persistent_bytes;
+  for (uint32_t i = 0; i < n; i++) {
+    run += diff[i];
+    diff[i] = run;
+  }
+
+  /* Writes after the producer (in-place ops and out= ops), per tensor. */
+  for (uint32_t x = 0; x < nt; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    const uint32_t *acc = p->access_ops + t->access_off;
+    uint32_t cnt = 0;
+    for (uint32_t k = 0; k < t->n_accesses; k++)
+      if (acc[k] != t->producer_op && !(p->ops[acc[k]].flags & CAP_OP_VIEW) &&
+          op_lists_output(p, acc[k], x))
+        cnt++;
+    c->mod_off[x + 1] = c->mod_off[x] + cnt;
+  }
+  c->mods = malloc(((size_t)c->mod_off[nt] + 1) * sizeof *c->mods);
+  c->gaps = malloc(((size_t)n_gaps + 1) * sizeof *c->gaps);
+  if (!c->mods || !c->gaps)
+    goto out_fail;
+  for (uint32_t x = 0; x < nt; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    const uint32_t *acc = p->access_ops + t->access_off;
+    uint32_t w = c->mod_off[x];
+    for (uint32_t k = 0; k < t->n_accesses; k++)
+      if (acc[k] != t->producer_op && !(p->ops[acc[k]].flags & CAP_OP_VIEW) &&
+          op_lists_output(p, acc[k], x))
+        c->mods[w++] = acc[k];
+    if (!evictable_kind(c, t) || t->n_accesses < 2)
+      continue;
+    for (uint32_t k = 1; k < t->n_accesses; k++) {
+      /* only gaps with at least one op between the two accesses free
+       * anything */
+      if (acc[k] <= acc[k - 1] + 1)
+        continue;
+      c->gaps[c->n_gaps++] = (cap__gap_t){x, k, acc[k - 1], acc[k]};
+    }
+  }
+
+  rc = cap__memtree_init(&c->mem, c->base_mem, n);
+  if (rc)
+    goto out_fail;
+  rc = cap__engine_init(&c->d2h, n);
+  if (rc)
+    goto out_fail;
+  rc = cap__engine_init(&c->h2d, n);
+  if (rc)
+    goto out_fail;
+
+  /* Book copies at the rate each direction keeps while the other runs too
+   * (max-min fair share of the duplex bandwidth), so that a swap found
+   * hidden stays hidden when copies overlap. */
+  double h = cfg->bw.h2d_gbps, d = cfg->bw.d2h_gbps, dup = cfg->bw.duplex_gbps;
+  c->h2d_gbps = h;
+  c->d2h_gbps = d;
+  if (dup > 0 && h + d > dup) {
+    double half = dup / 2;
+    double rh = h < half ? h : half, rd = d < half ? d : half;
+    c->h2d_gbps = h < dup - rd ? h : dup - rd;
+    c->d2h_gbps = d < dup - rh ? d : dup - rh;
+  }
+  return 0;
+
+out_fail:
+  cap__ctx_close(c);
+  return rc;
+}
+
+void cap__ctx_close(cap__ctx_t *c) {
+  if (c->uses)
+    for (uint32_t x = 0; x < c->p->n_tensors; x++)
+      free(c->uses[x].v);
+  free(c->uses);
+  free(c->op_start);
+  free(c->op_end);
+  free(c->live_end);
+  free(c->base_mem);
+  free(c->mod_off);
+  free(c->mods);
+  free(c->gap_state);
+  free(c->gaps);
+  free(c->ch);
+  free(c->rc_ops);
+  free(c->mark);
+  free(c->mark_ver);
+  free(c->opmark);
+  free(c->list.v);
+  free(c->stack.v);
+  free(c->stack_ver.v);
+  free(c->touched.v);
+  cap__memtree_close(&c->mem);
+  cap__engine_close(&c->d2h);
+  cap__engine_close(&c->h2d);
+  memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,426 @@
+/*
+ * The Capuchin planner (Peng et al., ASPLOS 2020, Algorithms 1 and 2).
+ *
+ * Round after round, until the simulated peak fits the budget:
+ *  1. Swaps, in order of largest free time, while they can be hidden: each
+ *     is booked on the copy engines (FIFO, duplex-limited rates), so a swap
+ *     chosen later sees the engines busy with the earlier ones, and gets the
+ *     latest in-trigger that still brings it back in time.
+ *  2. What is still over the target is covered by the cheaper of recompute
+ *     (ranked by MSPS, re-evaluated lazily as choices change the lineage
+ *     sources: the iterative update) and exposed swap time.
+ *  Only candidates whose freed range still covers an op over the target are
+ *  taken, so the over-budget region drives every choice. The op-space
+ *  estimate (capuchin_internal.h) is updated incrementally; the simulator
+ *  then checks the plan, and where it disagrees (stalls moving copies,
+ *  temporaries of replays) the target is lowered by the difference for the
+ *  next round.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capuchin/error.h"
+#include "capuchin_internal.h"
+#ifdef CAP_PLAN_DEBUG
+#include <stdio.h>
+#endif
+
+#define MAX_ROUNDS 12
+
+static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
+  if (c->n_ch == c->cap_ch) {
+    uint32_t cap = c->cap_ch ? c->cap_ch * 2 : 64;
+    cap__choice_t *n = realloc(c->ch, (size_t)cap * sizeof *n);
+    if (!n)
+      return CAP_ENOMEM;
+    c->ch = n;
+    c->cap_ch = cap;
+  }
+  c->ch[c->n_ch++] = *ch;
+  return 0;
+}
+
+static int take_swap(cap__ctx_t *c, uint32_t gi, const cap__swap_eval_t *ev) {
+  const cap__gap_t *g = &c->gaps[gi];
+  cap__choice_t ch = {.gap = gi,
+                      .method = CAP_METHOD_SWAP,
+                      .trig_op = ev->trig_op,
+                      .save_lo = ev->save_lo,
+                      .save_hi = ev->save_hi,
+                      .cost_ns = ev->stall_ns};
+  int rc = push_choice(c, &ch);
+  if (rc)
+    return rc;
+  cap__ft_commit(c, g, ev);
+  c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] = GAP_SWAP;
+  cap__memtree_add(&c->mem, ev->save_lo, ev->save_hi,
+                   -(int64_t)c->p->tensors[g->tensor].bytes);
+  return 0;
+}
+
+/* Take the recompute of gap gi whose list is in c->list. */
+static int take_recompute(cap__ctx_t *c, uint32_t gi, int64_t cost,
+                          int64_t extra) {
+  const cap__gap_t *g = &c->gaps[gi];
+  if (c->n_rc_ops + c->list.n > c->cap_rc_ops) {
+    uint32_t cap = c->cap_rc_ops ? c->cap_rc_ops : 256;
+    while (cap < c->n_rc_ops + c->list.n)
+      cap *= 2;
+    uint32_t *n = realloc(c->rc_ops, (size_t)cap * sizeof *n);
+    if (!n)
+      return CAP_ENOMEM;
+    c->rc_ops = n;
+    c->cap_rc_ops = cap;
+  }
+  cap__choice_t ch = {.gap = gi,
+                      .method = CAP_METHOD_RECOMPUTE,
+                      .trig_op = CAP_NONE,
+                      .rc_off = c->n_rc_ops,
+                      .rc_n = c->list.n,
+                      .save_lo = g->a + 1,
+                      .save_hi = g->b,
+                      .extra_bytes = extra,
+                      .cost_ns = cost};
+#ifdef CAP_PLAN_DEBUG
+  if (getenv("CAP_DBG_RC")) fprintf(stderr, "rc T%u k%u a%u b%u bytes %llu cost %lld extra %lld nops %u last %s\n", g->tensor, g->k, g->a, g->b, (unsigned long long)c->p->tensors[g->tensor].bytes, (long long)cost, (long long)extra, c->list.n, c->p->ops[c->list.v[c->list.n-1]].name);
+#endif
+  int rc = push_choice(c, &ch);
+  if (rc)
+    return rc;
+  memcpy(c->rc_ops + c->n_rc_ops, c->list.v, c->list.n * sizeof *c->list.v);
+  c->n_rc_ops += c->list.n;
+  rc = cap__rc_register(c, g->b);
+  if (rc)
+    return rc;
+  c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] = GAP_RECOMPUTE;
+  cap__memtree_add(&c->mem, g->a + 1, g->b,
+                   -(int64_t)c->p->tensors[g->tensor].bytes);
+  cap__memtree_add(&c->mem, g->b, g->b + 1, extra);
+  return 0;
+}
+
+static bool gap_free(const cap__ctx_t *c, const cap__gap_t *g) {
+  return c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] ==
+         GAP_FREE;
+}
+
+/* --- phase 1: hidden swaps by free time ------------------------------------ */
+
+typedef struct {
+  int64_t ft;
+  uint32_t gi;
+} ft_key_t;
+
+static int cmp_ft(const void *a, const void *b) {
+  const ft_key_t *x = a, *y = b;
+  if (x->ft != y->ft)
+    return x->ft > y->ft ? -1 : 1;
+  return x->gi < y->gi ? -1 : x->gi > y->gi;
+}
+
+static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
+                       int64_t target) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (cap__memtree_max_all(&c->mem) <= target)
+      return 0;
+    if (order[i].ft <= 0)
+      break; /* cannot be hidden even with idle engines */
+    const cap__gap_t *g = &c->gaps[order[i].gi];
+    if (!gap_free(c, g) || !cap__evictable(c, g->tensor, g->a, g->b))
+      continue;
+    if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
+      continue;
+    cap__swap_eval_t ev;
+    if (!cap__ft_eval(c, g, true, &ev))
+      continue;
+    if (cap__memtree_max(&c->mem, ev.save_lo, ev.save_hi) <= target)
+      continue;
+    int rc = take_swap(c, order[i].gi, &ev);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* --- phase 2: recompute by MSPS, or exposed swaps ------------------------- */
+
+typedef struct {
+  double key;
+  uint32_t gi;
+} heap_ent_t;
+
+typedef struct {
+  heap_ent_t *v;
+  uint32_t n, cap;
+} heap_t;
+
+static int heap_push(heap_t *h, double key, uint32_t gi) {
+  if (h->n == h->cap) {
+    uint32_t cap = h->cap ? h->cap * 2 : 256;
+    heap_ent_t *n = realloc(h->v, (size_t)cap * sizeof *n);
+    if (!n)
+      return CAP_ENOMEM;
+    h->v = n;
+    h->cap = cap;
+  }
+  uint32_t i = h->n++;
+  while (i > 0) {
+    uint32_t par = (i - 1) / 2;
+    if (h->v[par].key >= key)
+      break;
+    h->v[i] = h->v[par];
+    i = par;
+  }
+  h->v[i] = (heap_ent_t){key, gi};
+  return 0;
+}
+
+static heap_ent_t heap_pop(heap_t *h) {
+  heap_ent_t top = h->v[0], last = h->v[--h->n];
+  uint32_t i = 0;
+  for (;;) {
+    uint32_t l = 2 * i + 1, r = l + 1, m = i;
+    double mk = last.key;
+    if (l < h->n && h->v[l].key > mk) {
+      m = l;
+      mk = h->v[l].key;
+    }
+    if (r < h->n && h->v[r].key > mk)
+      m = r;
+    if (m == i)
+      break;
+    h->v[i] = h->v[m];
+    i = m;
+  }
+  if (h->n)
+    h->v[i] = last;
+  return top;
+}
+
+typedef struct {
+  bool ok;
+  bool swap;
+  cap__swap_eval_t ev;
+  int64_t cost, extra;
+  uint32_t lo, hi;
+} opt_t;
+
+/* Best way to evict gap gi now: hidden swap (free), else the cheaper of
+ * recompute and exposed swap. Leaves the recompute list in c->list when
+ * that is the choice. */
+static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
+  const cap__gap_t *g = &c->gaps[gi];
+  memset(o, 0, sizeof *o);
+  if (!gap_free(c, g) || !cap__evictable(c, g->tensor, g->a, g->b))
+    return 0;
+  cap__swap_eval_t ev;
+  if (cap__ft_eval(c, g, true, &ev)) {
+    *o = (opt_t){true, true, ev, 0, 0, ev.save_lo, ev.save_hi};
+    return 0;
+  }
+  bool have_swap = cap__ft_eval(c, g, false, &ev);
+  int64_t cost, extra;
+  int rc = cap__rc_build(c, g, &cost, &extra);
+  if (rc == CAP_ENOMEM)
+    return rc;
+  /* A replay's temporaries must not make its back-access a new peak. */
+  if (rc == 0 && extra > 0 &&
+      cap__memtree_max(&c->mem, g->b, g->b + 1) + extra > target)
+    rc = CAP_ENOENT;
+  if (rc == 0 && (!have_swap || cost <= ev.stall_ns)) {
+    *o = (opt_t){true, false, ev, cost, extra, g->a + 1, g->b};
+    return 0;
+  }
+  if (have_swap)
+    *o = (opt_t){true, true, ev, ev.stall_ns, 0, ev.save_lo, ev.save_hi};
+  return 0;
+}
+
+static int phase_rank(cap__ctx_t *c, int64_t target) {
+  heap_t h = {0};
+  int rc = 0;
+  const cap_profile_t *p = c->p;
+  for (uint32_t gi = 0; gi < c->n_gaps; gi++) {
+    const cap__gap_t *g = &c->gaps[gi];
+    if (!gap_free(c, g) || cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
+      continue;
+    opt_t o;
+    rc = eval_gap(c, gi, target, &o);
+    if (rc)
+      goto out_free;
+    if (!o.ok)
+      continue;
+    rc = heap_push(&h, cap__msps(p->tensors[g->tensor].bytes, o.cost), gi);
+    if (rc)
+      goto out_free;
+  }
+  while (h.n && cap__memtree_max_all(&c->mem) > target) {
+    heap_ent_t e = heap_pop(&h);
+    const cap__gap_t *g = &c->gaps[e.gi];
+    if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
+      continue;
+    opt_t o;
+    rc = eval_gap(c, e.gi, target, &o);
+    if (rc)
+      goto out_free;
+    if (!o.ok || cap__memtree_max(&c->mem, o.lo, o.hi) <= target)
+      continue;
+    double key = cap__msps(p->tensors[g->tensor].bytes, o.cost);
+    if (key < e.key * (1 - 1e-9) && h.n && key < h.v[0].key) {
+      /* its cost grew since it was ranked: rank it again */
+      rc = heap_push(&h, key, e.gi);
+      if (rc)
+        goto out_free;
+      continue;
+    }
+    rc = o.swap ? take_swap(c, e.gi, &o.ev)
+                : take_recompute(c, e.gi, o.cost, o.extra);
+    if (rc)
+      goto out_free;
+  }
+out_free:
+  free(h.v);
+  return rc;
+}
+
+/* --- plan ------------------------------------------------------------------ */
+
+static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
+  const cap_profile_t *p = c->p;
+  cap_plan_t *plan = cap_plan_create("capuchin", c->cfg->budget_bytes);
+  if (!plan)
+    return CAP_ENOMEM;
+  int rc = 0;
+  for (uint32_t i = 0; i < c->n_ch && !rc; i++) {
+    const cap__choice_t *ch = &c->ch[i];
+    const cap__gap_t *g = &c->gaps[ch->gap];
+    if (ch->method == CAP_METHOD_SWAP) {
+      uint32_t tt = CAP_NONE, ta = 0;
+      if (ch->trig_op != CAP_NONE &&
+          !cap__trigger_name(p, ch->trig_op, g->tensor, &tt, &ta))
+        tt = CAP_NONE, ta = 0;
+      rc = cap_plan_add_swap(plan, g->tensor, g->k, tt, ta, 0);
+    } else {
+      rc = cap_plan_add_recompute(plan, g->tensor, g->k, c->rc_ops + ch->rc_off,
+                                  ch->rc_n);
+    }
+  }
+  if (rc) {
+    cap_plan_destroy(plan);
+    return rc;
+  }
+  *out = plan;
+  return 0;
+}
+
+static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                    cap_plan_t *plan) {
+  cap_sim_result_t r;
+  memset(&r, 0, sizeof r);
+  int rc = cap_sim_run(p, plan, &cfg->bw, &r);
+  if (rc)
+    return rc;
+  plan->predicted_iter_ns = r.iter_ns;
+  plan->predicted_peak_bytes = r.peak_bytes;
+  cap_sim_result_close(&r);
+  return 0;
+}
+
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out) {
+  if (!p || !cfg || !out || !p->finished)
+    return CAP_EINVAL;
+  *out = NULL;
+  cap__ctx_t c;
+  int rc = cap__ctx_init(&c, p, cfg);
+  if (rc)
+    return rc;
+  cap_plan_t *best = NULL, *plan = NULL;
+  ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
+  if (!order) {
+    rc = CAP_ENOMEM;
+    goto out_close;
+  }
+  uint32_t n_order = 0;
+  for (uint32_t gi = 0; gi < c.n_gaps; gi++)
+    order[n_order++] = (ft_key_t){cap__ft_standalone(&c, &c.gaps[gi]), gi};
+  qsort(order, n_order, sizeof *order, cmp_ft);
+
+  int64_t budget = cfg->budget_bytes > (uint64_t)INT64_MAX
+                       ? INT64_MAX
+                       : (int64_t)cfg->budget_bytes;
+  int64_t target = budget;
+  for (int round = 0; round < MAX_ROUNDS; round++) {
+    uint32_t before = c.n_ch;
+    rc = phase_swaps(&c, order, n_order, target);
+    if (rc)
+      goto out_free;
+    if (cap__memtree_max_all(&c.mem) > target) {
+      rc = phase_rank(&c, target);
+      if (rc)
+        goto out_free;
+    }
+    if (round > 0 && c.n_ch == before)
+      break; /* nothing more to evict: the smallest peak is reached */
+    rc = build_plan(&c, &plan);
+    if (rc)
+      goto out_free;
+    rc = simulate(p, cfg, plan);
+    if (rc)
+      goto out_free;
+    if (!best || plan->predicted_peak_bytes < best->predicted_peak_bytes ||
+        (plan->predicted_peak_bytes <= cfg->budget_bytes &&
+         plan->predicted_iter_ns < best->predicted_iter_ns)) {
+      cap_plan_destroy(best);
+      best = plan;
+    } else {
+      cap_plan_destroy(plan);
+    }
+    plan = NULL;
+#ifdef CAP_PLAN_DEBUG
+    fprintf(stderr, "round %d: target %lld est %lld sim peak %llu at %lld iter %lld choices %u\n", round, (long long)target, (long long)cap__memtree_max_all(&c.mem), (unsigned long long)best->predicted_peak_bytes, 0LL, (long long)best->predicted_iter_ns, c.n_ch);
+#endif
+#ifdef CAP_PLAN_DEBUG
+    if (getenv("CAP_DBG_PEAK") && cap__memtree_max_all(&c.mem) > target) {
+      uint32_t pk = 0; int64_t pm = INT64_MIN;
+      for (uint32_t i = 0; i < c.n_ops; i++) { int64_t m = cap__memtree_max(&c.mem, i, i + 1); if (m > pm) { pm = m; pk = i; } }
+      fprintf(stderr, " peak op %u %s mem %lld\n", pk, p->ops[pk].name, (long long)pm);
+      for (uint32_t gi = 0; gi < c.n_gaps; gi++) { const cap__gap_t *g = &c.gaps[gi]; if (g->a >= pk || g->b <= pk) continue;
+        cap__swap_eval_t ev; bool h = cap__ft_eval(&c, g, true, &ev); bool e = cap__ft_eval(&c, g, false, &ev); int64_t co = 0, ex = 0; int r2 = cap__rc_build(&c, g, &co, &ex);
+        fprintf(stderr, "  T%u k%u a%u b%u bytes %llu state %d evictable %d hidden %d exposed %d rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, (unsigned long long)p->tensors[g->tensor].bytes, c.gap_state[p->tensors[g->tensor].access_off + g->k - 1], cap__evictable(&c, g->tensor, g->a, g->b), h, e, r2, (long long)co, (long long)ex); }
+      uint64_t live = 0; for (uint32_t x = 0; x < p->n_tensors; x++) { const cap_tensor_t *t = &p->tensors[x]; if (!t->n_accesses || cap_tensor_is_resident(t)) continue; if (p->access_ops[t->access_off] <= pk && c.live_end[x] > pk) { live += t->bytes; if (t->bytes > 20000000) fprintf(stderr, "  live T%u bytes %llu first %u lastacc %u end %u\n", x, (unsigned long long)t->bytes, p->access_ops[t->access_off], p->access_ops[t->access_off + t->n_accesses - 1], c.live_end[x]); } }
+      fprintf(stderr, "  live activations %llu persistent %llu\n", (unsigned long long)live, (unsigned long long)p->persistent_bytes);
+    }
+#endif
+    if (best->predicted_peak_bytes <= cfg->budget_bytes)
+      break;
+    /* The simulator saw more than the estimate: aim lower by the
+     * difference. */
+    int64_t over = (int64_t)best->predicted_peak_bytes - budget;
+    int64_t est = cap__memtree_max_all(&c.mem);
+    int64_t next = (est < target ? est : target) - over;
+    if (next >= target)
+      next = target - 1;
+    target = next;
+  }
+  if (!best) {
+    rc = build_plan(&c, &best);
+    if (rc)
+      goto out_free;
+    rc = simulate(p, cfg, best);
+    if (rc)
+      goto out_free;
+  }
+  rc = best->predicted_peak_bytes <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
+  *out = best;
+  best = NULL;
+
+out_free:
+  cap_plan_destroy(plan);
+  cap_plan_destroy(best);
+  free(order);
+out_close:
+  cap__ctx_close(&c);
+  return rc;
+}

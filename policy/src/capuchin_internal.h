@@ -1,0 +1,202 @@
+/*
+ * Internals of the Capuchin planner (capuchin.c and its helpers).
+ *
+ * The planner reasons in "op space": device memory while op i runs is the
+ * memory at op i's start (allocations happen at op starts, releases at op
+ * ends or when a copy completes), so an array indexed by op seq describes
+ * the whole curve. Every candidate eviction removes its bytes from a range
+ * of ops; a segment tree with range add / range max answers "is this range
+ * still over the target" and keeps the estimate incremental, so the real
+ * simulator (cap_sim_run) runs once per round rather than once per
+ * candidate.
+ *
+ * Files: candidates.c (context, op-space memory, eviction gaps), ft.c (swap
+ * timing and copy-engine bookings, free time), trigger.c (in-trigger
+ * choice), msps.c (recompute lists and their cost), capuchin.c (the main
+ * loop), refine.c (cap_plan_refine).
+ */
+#ifndef CAPUCHIN_INTERNAL_H
+#define CAPUCHIN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capuchin/plan.h"
+#include "capuchin/planner.h"
+#include "capuchin/profile.h"
+#include "capuchin/sim.h"
+
+/* --- op-space memory: range add, range max (candidates.c) ---------------- */
+typedef struct cap__memtree {
+  int64_t *mx; /* max of the subtree, lazy adds folded in */
+  int64_t *lz; /* pending add for the whole subtree */
+  uint32_t n;
+} cap__memtree_t;
+
+int cap__memtree_init(cap__memtree_t *t, const int64_t *vals, uint32_t n);
+void cap__memtree_close(cap__memtree_t *t);
+/* Add delta to ops [lo, hi). */
+void cap__memtree_add(cap__memtree_t *t, uint32_t lo, uint32_t hi,
+                      int64_t delta);
+/* Max over ops [lo, hi); INT64_MIN for an empty range. */
+int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi);
+static inline int64_t cap__memtree_max_all(const cap__memtree_t *t) {
+  return t->n ? t->mx[1] : 0;
+}
+
+/* --- copy engine bookings (ft.c) -----------------------------------------
+ * One FIFO copy engine, bookings keyed by the op seq at which the copy is
+ * issued (D2H: the evicted-access op, H2D: the in-trigger op). Bookings are
+ * kept in FIFO order: a booking at key k starts after every booking with a
+ * key <= k ends and ends before any booking with a key > k starts, which is
+ * what the simulator's FIFO queues do as long as nothing is pushed later. */
+typedef struct cap__engine {
+  uint32_t n;            /* keys: op seqs 0..n-1 */
+  uint64_t *bits;        /* key has a booking */
+  uint64_t *sum;         /* bits of bits: word w has any booking */
+  int64_t *first_start;  /* per key: start of its first booking, ns */
+  int64_t *last_end;     /* per key: end of its last booking, ns */
+} cap__engine_t;
+
+int cap__engine_init(cap__engine_t *e, uint32_t n);
+void cap__engine_close(cap__engine_t *e);
+/* Largest booked key <= k, or CAP_NONE. */
+uint32_t cap__engine_prev(const cap__engine_t *e, uint32_t k);
+/* Smallest booked key > k, or CAP_NONE. */
+uint32_t cap__engine_next(const cap__engine_t *e, uint32_t k);
+void cap__engine_book(cap__engine_t *e, uint32_t k, int64_t start,
+                      int64_t end);
+
+/* --- planner context (candidates.c) --------------------------------------- */
+
+/* An eviction candidate: tensor evicted after access k (op a), back at
+ * access k+1 (op b). */
+typedef struct cap__gap {
+  uint32_t tensor;
+  uint32_t k;
+  uint32_t a, b;
+} cap__gap_t;
+
+enum { GAP_FREE = 0, GAP_SWAP = 1, GAP_RECOMPUTE = 2 };
+
+typedef struct cap__choice {
+  uint32_t gap;
+  cap_method_t method;
+  uint32_t trig_op;        /* swap: in-trigger op, CAP_NONE = on demand */
+  uint32_t rc_off, rc_n;   /* recompute: ops in ctx->rc_ops */
+  uint32_t save_lo, save_hi; /* ops [lo, hi) no longer hold the tensor */
+  int64_t extra_bytes;     /* recompute: temporaries at op b */
+  int64_t cost_ns;         /* recompute time or exposed swap time */
+} cap__choice_t;
+
+typedef struct cap__u32vec {
+  uint32_t *v;
+  uint32_t n, cap;
+} cap__u32vec_t;
+
+typedef struct cap__ctx {
+  const cap_profile_t *p;
+  const cap_plan_config_t *cfg;
+  uint32_t n_ops;
+  int64_t *op_start; /* ns, per op (profile timeline) */
+  int64_t *op_end;
+  uint32_t *live_end; /* per tensor: first op that no longer holds it */
+  int64_t *base_mem;  /* per op: unmanaged device bytes at its start */
+  /* per tensor: ops that write it after its producer (in-place or out=),
+   * ascending: mods[mod_off[t] .. mod_off[t+1]) */
+  uint32_t *mod_off, *mods;
+  uint8_t *gap_state; /* per access slot (access_off + k - 1): GAP_* */
+  cap__gap_t *gaps;
+  uint32_t n_gaps;
+  cap__memtree_t mem;
+  cap__engine_t d2h, h2d;
+  double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
+  /* per tensor: back-access ops at which a chosen recompute list reads or
+   * writes it; evicting the tensor over such an op would break that list */
+  cap__u32vec_t *uses;
+  cap__choice_t *ch;
+  uint32_t n_ch, cap_ch;
+  uint32_t *rc_ops; /* recompute lists of the chosen actions */
+  uint32_t n_rc_ops, cap_rc_ops;
+  /* scratch for recompute-list building */
+  uint32_t *mark;    /* per tensor: generation it was restored in */
+  uint32_t *mark_ver; /* per tensor: version restored */
+  uint32_t gen;
+  uint32_t *opmark;  /* per op: generation it was listed in */
+  cap__u32vec_t list, stack, stack_ver, touched;
+} cap__ctx_t;
+
+int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
+                  const cap_plan_config_t *cfg);
+void cap__ctx_close(cap__ctx_t *c);
+int cap__u32vec_push(cap__u32vec_t *v, uint32_t x);
+/* First op whose start is >= t (n_ops when none). */
+uint32_t cap__op_at_or_after(const cap__ctx_t *c, int64_t t);
+/* Last op < limit whose start is <= t (CAP_NONE when none). */
+uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit);
+/* Whether tensor x is on the device just before op b under the choices so
+ * far (live at b and not inside an evicted gap ending at or after b). */
+bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b);
+/* Whether tensor x may be evicted over ops (a, b]: no chosen recompute list
+ * running in that range reads or writes it. */
+bool cap__evictable(const cap__ctx_t *c, uint32_t x, uint32_t a, uint32_t b);
+/* Number of writes to x after its producer by ops with seq < op. */
+uint32_t cap__version_before(const cap__ctx_t *c, uint32_t x, uint32_t op);
+/* Whether x is written after its producer by an op with seq in [lo, hi). */
+bool cap__written_between(const cap__ctx_t *c, uint32_t x, uint32_t lo,
+                          uint32_t hi);
+
+/* --- swap timing, free time (ft.c) ---------------------------------------- */
+typedef struct cap__swap_eval {
+  int64_t out_start, out_end; /* D2H, ns on the profile timeline */
+  int64_t in_start, in_end;   /* H2D */
+  uint32_t trig_op;           /* CAP_NONE: on demand at the back-access */
+  uint32_t save_lo, save_hi;  /* ops [lo, hi) freed of the tensor */
+  int64_t ft_ns;              /* in_start - out_end */
+  int64_t stall_ns;           /* exposed time at the back-access */
+} cap__swap_eval_t;
+
+/* Free time of gap g with both engines idle: back-access start - swap-in
+ * time - (evicted-access end + swap-out time). */
+int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g);
+/* Book-keeping-aware swap of gap g. hidden: the swap-in must end by the
+ * back-access minus the margin (returns false when it cannot); otherwise an
+ * on-demand swap-in whose time is exposed. Nothing is booked. */
+bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
+                  cap__swap_eval_t *ev);
+void cap__ft_commit(cap__ctx_t *c, const cap__gap_t *g,
+                    const cap__swap_eval_t *ev);
+
+/* --- in-trigger choice (trigger.c) ---------------------------------------- */
+/* Latest op t in (so_op.., b) whose start is a valid issue time for an H2D
+ * copy of `len_ns` that must end by `deadline`, the H2D queue considered,
+ * and that accesses a tensor other than x. Returns the op (CAP_NONE when
+ * none) and the copy's start in *start. */
+uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
+                           uint32_t b, int64_t len_ns, int64_t deadline,
+                           int64_t *start);
+/* A (tensor, access) naming op t other than tensor x; false when op t
+ * accesses no other tensor. */
+bool cap__trigger_name(const cap_profile_t *p, uint32_t t, uint32_t x,
+                       uint32_t *tensor, uint32_t *access);
+
+/* --- recompute lists, MSPS (msps.c) --------------------------------------- */
+/* Build the recompute list of gap g under the choices so far into c->list
+ * (op seqs ascending). Returns 0 with *cost_ns (replay time) and
+ * *extra_bytes (temporaries at the back-access), or CAP_ENOENT when the
+ * tensor cannot be recomputed correctly (no lineage, an input written in
+ * place since, a source the plan has evicted, list too long). */
+int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
+                  int64_t *extra_bytes);
+/* Register the list in c->list as used at op b (see cap__evictable). */
+int cap__rc_register(cap__ctx_t *c, uint32_t b);
+/* Memory saving per second, bytes / ns scaled, for ranking. */
+static inline double cap__msps(uint64_t bytes, int64_t cost_ns) {
+  return (double)bytes / (double)(cost_ns + 1);
+}
+
+/* Entry point registered in planner.c. */
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out);
+
+#endif /* CAPUCHIN_INTERNAL_H */
