@@ -1,0 +1,101 @@
+/*
+ * A test client speaking the Capuchin protocol over a real socket, and a
+ * harness that starts a real capuchind (CAP_BIN_DIR/capuchind) on a
+ * temporary socket and database. Until libcapuchin-client drives the daemon
+ * end to end, integration tests use this to replay a trace file as a
+ * measured iteration.
+ *
+ * Use: #include "testclient.h" in one test_*.c (every function is static;
+ * the implementation is in testclient_impl.h, included from here).
+ * Blocking I/O with timeouts; single-threaded per tc_t.
+ */
+#ifndef CAP_TESTCLIENT_H
+#define CAP_TESTCLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "capuchin/frame.h"
+#include "capuchin/plan.h"
+#include "capuchin/profile.h"
+#include "capuchin/proto.h"
+
+typedef struct tc_daemon {
+  pid_t pid;
+  char dir[256];  /* temporary folder holding socket, db, log */
+  char sock[320];
+  char db[320];
+  char log[320];
+  char notify[320];
+  int notify_fd;
+} tc_daemon_t;
+
+typedef struct tc {
+  int fd;
+  cap_frame_decoder_t *dec;
+  bool eof;
+  int last_error_code;    /* code of the last Error frame received */
+  char last_error[512];   /* its message */
+} tc_t;
+
+typedef struct tc_welcome {
+  uint64_t session_id, job_id, budget_bytes;
+  bool plan_reused;
+} tc_welcome_t;
+
+typedef struct tc_hello_args {
+  const char *job;
+  uint64_t budget_bytes;
+  uint64_t device_total_bytes; /* 0: 80 GiB */
+  uint32_t device_index;
+  uint64_t signature;          /* 0: none */
+  uint64_t persistent_bytes;   /* 0: none */
+} tc_hello_args_t;
+
+/* Start capuchind in a new temp folder (dir NULL) or in dir (reusing its
+ * db), with extra arguments (NULL-terminated, may be NULL); waits for its
+ * READY=1. Returns 0, or -1 if it exited or did not get ready in 30 s. */
+static int tc_daemon_start(tc_daemon_t *d, const char *dir,
+                           const char *const *extra);
+/* SIGTERM and wait; returns the exit status (or -1). */
+static int tc_daemon_stop(tc_daemon_t *d);
+static void tc_daemon_kill9(tc_daemon_t *d);
+/* Run capuchind with args to completion (no READY wait); exit status, and
+ * its stderr in out (truncated). */
+static int tc_run_capture(const char *const *argv, char *out, size_t out_len);
+static bool tc_daemon_log_contains(const tc_daemon_t *d, const char *needle);
+static void tc_daemon_cleanup(tc_daemon_t *d); /* removes the temp folder */
+
+static int tc_connect(tc_t *c, const char *sock);
+static void tc_close(tc_t *c);
+static int tc_send(tc_t *c, const Capuchin__Envelope *env);
+static int tc_send_msg(tc_t *c, void *msg); /* any message of the oneof */
+static int tc_send_raw(tc_t *c, const void *buf, size_t len);
+/* Next message within timeout_ms (NULL on timeout or end of stream; c->eof
+ * tells which). Release with tc_release. Error frames are recorded in
+ * c->last_error*. */
+static Capuchin__Envelope *tc_recv(tc_t *c, int timeout_ms);
+static void tc_release(tc_t *c, Capuchin__Envelope *env);
+/* Skip messages until one of msg_case arrives (NULL on timeout/eof). */
+static Capuchin__Envelope *tc_wait(tc_t *c, int msg_case, int timeout_ms);
+/* True when the daemon closes the connection within timeout_ms. */
+static bool tc_wait_closed(tc_t *c, int timeout_ms);
+static int tc_hello(tc_t *c, const tc_hello_args_t *a, tc_welcome_t *w,
+                    int timeout_ms);
+/* Send the profile as iteration `iteration` (declarations when declare,
+ * every op and free in AccessBatches of at most batch_ops ops), then an
+ * IterationEnd saying measured and complete. */
+static int tc_send_iteration(tc_t *c, const cap_profile_t *p,
+                             uint64_t iteration, bool declare,
+                             uint32_t batch_ops);
+static int tc_send_iteration_end(tc_t *c, uint64_t iteration, int64_t iter_ns,
+                                 bool measured, bool incomplete,
+                                 uint32_t plan_version, int64_t stall_ns);
+/* Wait for a Plan and convert it; NULL on timeout. */
+static cap_plan_t *tc_wait_plan(tc_t *c, int timeout_ms);
+static uint64_t tc_now_ms(void);
+
+#include "testclient_impl.h"
+
+#endif /* CAP_TESTCLIENT_H */
