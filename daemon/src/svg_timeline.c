@@ -1,0 +1,308 @@
+/* The memory timeline SVG (svg_timeline.h). */
+#include "svg_timeline.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "capuchin/error.h"
+
+#define W 1200
+#define H 700
+#define ML 100 /* margins of the plot area */
+#define MR 40
+#define MT 96
+#define MB 76
+#define PW (W - ML - MR)
+#define PH (H - MT - MB)
+#define FONT "DejaVu Sans, Helvetica, Arial, sans-serif"
+
+#define C_UNMANAGED "#80868b"
+#define C_PLANNED "#1a73e8"
+#define C_BUDGET "#d93025"
+#define C_FLOOR "#5f6368"
+
+typedef struct scale {
+  double xmax_ms, ymax_mib;
+} scale_t;
+
+static double px_x(const scale_t *s, double ms) {
+  return ML + ms / s->xmax_ms * PW;
+}
+static double px_y(const scale_t *s, double mib) {
+  return MT + PH - mib / s->ymax_mib * PH;
+}
+
+static void xml_text(FILE *f, const char *s) {
+  for (; s && *s; s++) {
+    switch (*s) {
+    case '<':
+      fputs("&lt;", f);
+      break;
+    case '>':
+      fputs("&gt;", f);
+      break;
+    case '&':
+      fputs("&amp;", f);
+      break;
+    case '"':
+      fputs("&quot;", f);
+      break;
+    default:
+      if ((unsigned char)*s >= 0x20 || *s == '\t')
+        fputc(*s, f);
+    }
+  }
+}
+
+/* A "nice" tick step (1, 2, 2.5 or 5 x 10^k) giving about `target` ticks. */
+static double nice_step(double range, int target) {
+  double raw = range / target;
+  double mag = pow(10, floor(log10(raw)));
+  double norm = raw / mag;
+  double nice = norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10;
+  return nice * mag;
+}
+
+/* "12,345" (thousands separators) or "12.5" for small fractional values. */
+static void fmt_num(char *buf, size_t len, double v) {
+  if (fabs(v - round(v)) > 1e-9 && fabs(v) < 1000) {
+    snprintf(buf, len, "%.*f", fabs(v) < 10 ? 2 : 1, v);
+    return;
+  }
+  long long n = llround(v);
+  char tmp[32];
+  snprintf(tmp, sizeof tmp, "%lld", n < 0 ? -n : n);
+  size_t l = strlen(tmp), o = 0;
+  if (n < 0 && o + 1 < len)
+    buf[o++] = '-';
+  for (size_t i = 0; i < l && o + 2 < len; i++) {
+    if (i && (l - i) % 3 == 0)
+      buf[o++] = ',';
+    buf[o++] = tmp[i];
+  }
+  buf[o] = '\0';
+}
+
+/* The step curve of c as a path; closed to the x axis when `area`. */
+static void curve_path(FILE *f, const scale_t *s, const cap_curve_t *c,
+                       int64_t end_ns, bool area) {
+  if (c->n_points == 0)
+    return;
+  double x0 = px_x(s, (double)c->points[0].t_ns / 1e6);
+  double last_x = x0, last_y = px_y(s, (double)c->points[0].bytes / 1048576.0);
+  fprintf(f, "M%.1f,%.1f", x0, area ? px_y(s, 0) : last_y);
+  if (area)
+    fprintf(f, "V%.1f", last_y);
+  for (uint32_t i = 1; i < c->n_points; i++) {
+    double x = px_x(s, (double)c->points[i].t_ns / 1e6);
+    double y = px_y(s, (double)c->points[i].bytes / 1048576.0);
+    if (fabs(y - last_y) < 0.05)
+      continue; /* same height: the step continues */
+    if (x - last_x >= 0.05)
+      fprintf(f, "H%.1f", x);
+    fprintf(f, "V%.1f", y);
+    last_x = x;
+    last_y = y;
+  }
+  double xe = px_x(s, (double)end_ns / 1e6);
+  if (xe > last_x)
+    fprintf(f, "H%.1f", xe);
+  if (area)
+    fprintf(f, "V%.1fZ", px_y(s, 0));
+}
+
+static void peak_marker(FILE *f, const scale_t *s, const cap_curve_t *c,
+                        const char *color, const char *what, bool above) {
+  double mx = px_x(s, (double)c->peak_t_ns / 1e6);
+  double mib = (double)c->peak_bytes / 1048576.0;
+  double my = px_y(s, mib);
+  char n[32];
+  fmt_num(n, sizeof n, mib);
+  bool right = mx > ML + PW * 0.62;
+  fprintf(f,
+          "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4.5\" fill=\"%s\" "
+          "stroke=\"#fff\" stroke-width=\"1.5\"/>\n",
+          mx, my, color);
+  fprintf(f,
+          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12.5\" fill=\"%s\" "
+          "font-weight=\"bold\" text-anchor=\"%s\">%s peak %s MiB at %.1f "
+          "ms</text>\n",
+          mx + (right ? -8 : 8), my + (above ? -9 : 17), color,
+          right ? "end" : "start", what, n, (double)c->peak_t_ns / 1e6);
+}
+
+int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
+  if (!f || !tl || !tl->unmanaged || tl->unmanaged->n_points == 0)
+    return CAP_EINVAL;
+  const cap_curve_t *um = tl->unmanaged, *pl = tl->planned;
+  char a[32], b[32];
+
+  /* Scales: time to the longer iteration, memory to the highest of the
+   * peaks and the budget, with headroom for the labels. */
+  double end_ms = (double)tl->unmanaged_end_ns / 1e6;
+  if (pl && (double)tl->planned_end_ns / 1e6 > end_ms)
+    end_ms = (double)tl->planned_end_ns / 1e6;
+  double top = (double)um->peak_bytes;
+  if (pl && (double)pl->peak_bytes > top)
+    top = (double)pl->peak_bytes;
+  if ((double)tl->budget_bytes > top)
+    top = (double)tl->budget_bytes;
+  top /= 1048576.0;
+  if (!(end_ms > 0))
+    end_ms = 1;
+  if (!(top > 0))
+    top = 1;
+  double xstep = nice_step(end_ms, 10), ystep = nice_step(top * 1.12, 7);
+  scale_t s = {ceil(end_ms / xstep - 1e-9) * xstep,
+               ceil(top * 1.12 / ystep - 1e-9) * ystep};
+
+  fprintf(f,
+          "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" "
+          "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+          "font-family=\"%s\">\n",
+          W, H, W, H, FONT);
+  fputs("<title>", f);
+  xml_text(f, tl->title);
+  fputs("</title>\n", f);
+  fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+  fprintf(f, "<text x=\"%d\" y=\"38\" font-size=\"21\" font-weight=\"bold\" "
+             "fill=\"#202124\">", ML);
+  xml_text(f, tl->title);
+  fputs("</text>\n", f);
+  if (tl->subtitle) {
+    fprintf(f, "<text x=\"%d\" y=\"64\" font-size=\"13.5\" fill=\"#5f6368\">",
+            ML);
+    xml_text(f, tl->subtitle);
+    fputs("</text>\n", f);
+  }
+
+  /* Grid and ticks. */
+  fputs("<g font-size=\"12\" fill=\"#5f6368\">\n", f);
+  for (double v = 0; v <= s.ymax_mib + ystep * 1e-6; v += ystep) {
+    double y = px_y(&s, v);
+    fmt_num(a, sizeof a, v);
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
+            "stroke-width=\"1\"/>\n"
+            "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+            ML, y, ML + PW, y, v == 0 ? "#9aa0a6" : "#eceff1", ML - 8, y + 4,
+            a);
+  }
+  for (double v = 0; v <= s.xmax_ms + xstep * 1e-6; v += xstep) {
+    double x = px_x(&s, v);
+    fmt_num(a, sizeof a, v);
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
+            "stroke-width=\"1\"/>\n"
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+            "stroke=\"#9aa0a6\"/>\n"
+            "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
+            x, MT, x, MT + PH, v == 0 ? "#9aa0a6" : "#eceff1", x, MT + PH, x,
+            MT + PH + 5, x, MT + PH + 20, a);
+  }
+  fprintf(f,
+          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13.5\" "
+          "fill=\"#3c4043\">time in the iteration (ms)</text>\n",
+          ML + PW / 2, H - 22);
+  fprintf(f,
+          "<text transform=\"translate(28 %d) rotate(-90)\" "
+          "text-anchor=\"middle\" font-size=\"13.5\" fill=\"#3c4043\">device "
+          "memory (MiB)</text>\n",
+          MT + PH / 2);
+  fputs("</g>\n", f);
+
+  /* Curves: the unmanaged area behind, the planned area in front. */
+  fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.22\" stroke=\"none\" d=\"",
+          C_UNMANAGED);
+  curve_path(f, &s, um, tl->unmanaged_end_ns, true);
+  fprintf(f, "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.4\" "
+             "stroke-linejoin=\"round\" d=\"",
+          C_UNMANAGED);
+  curve_path(f, &s, um, tl->unmanaged_end_ns, false);
+  fputs("\"/>\n", f);
+  if (pl && pl->n_points) {
+    fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.16\" stroke=\"none\" d=\"",
+            C_PLANNED);
+    curve_path(f, &s, pl, tl->planned_end_ns, true);
+    fprintf(f, "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
+               "stroke-linejoin=\"round\" d=\"",
+            C_PLANNED);
+    curve_path(f, &s, pl, tl->planned_end_ns, false);
+    fputs("\"/>\n", f);
+  }
+
+  /* Persistent floor and budget line, labelled at the right end. */
+  if (tl->persistent_bytes) {
+    double y = px_y(&s, (double)tl->persistent_bytes / 1048576.0);
+    fmt_num(a, sizeof a, (double)tl->persistent_bytes / 1048576.0);
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
+            "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
+            "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" "
+            "text-anchor=\"end\">persistent (weights, inputs) %s MiB</text>\n",
+            ML, y, ML + PW, y, C_FLOOR, ML + PW - 6, y - 6, C_FLOOR, a);
+  }
+  if (tl->budget_bytes) {
+    double y = px_y(&s, (double)tl->budget_bytes / 1048576.0);
+    fmt_num(a, sizeof a, (double)tl->budget_bytes / 1048576.0);
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
+            "stroke-width=\"2\" stroke-dasharray=\"9 5\"/>\n"
+            "<text x=\"%d\" y=\"%.1f\" font-size=\"12.5\" font-weight=\"bold\" "
+            "fill=\"%s\" text-anchor=\"end\">budget %s MiB</text>\n",
+            ML, y, ML + PW, y, C_BUDGET, ML + PW - 6, y - 7, C_BUDGET, a);
+  }
+
+  /* Peaks. The planned one is labelled below its marker when it sits
+   * right under the budget label's line. */
+  peak_marker(f, &s, um, "#5f6368", "unmanaged", true);
+  if (pl && pl->n_points)
+    peak_marker(f, &s, pl, C_PLANNED, "planned", false);
+
+  /* Legend, top right inside the plot. */
+  int lw = 300, lx = ML + PW - lw - 12, ly = MT + 12;
+  int rows = 1 + (pl != NULL) + (tl->budget_bytes != 0) +
+             (tl->persistent_bytes != 0);
+  fprintf(f,
+          "<g font-size=\"13\" fill=\"#202124\">\n"
+          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" rx=\"4\" "
+          "fill=\"#ffffff\" fill-opacity=\"0.92\" stroke=\"#dadce0\"/>\n",
+          lx, ly, lw, 14 + rows * 22);
+  int y = ly + 24;
+  fmt_num(a, sizeof a, (double)um->peak_bytes / 1048576.0);
+  fprintf(f,
+          "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"10\" fill=\"%s\" "
+          "fill-opacity=\"0.35\" stroke=\"%s\"/>\n<text x=\"%d\" y=\"%d\">"
+          "unmanaged (measured)</text>\n",
+          lx + 12, y - 9, C_UNMANAGED, C_UNMANAGED, lx + 42, y);
+  y += 22;
+  if (pl) {
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"10\" fill=\"%s\" "
+            "fill-opacity=\"0.3\" stroke=\"%s\" stroke-width=\"1.5\"/>\n"
+            "<text x=\"%d\" y=\"%d\">planned (simulated)</text>\n",
+            lx + 12, y - 9, C_PLANNED, C_PLANNED, lx + 42, y);
+    y += 22;
+  }
+  if (tl->budget_bytes) {
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+            "stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n"
+            "<text x=\"%d\" y=\"%d\">memory budget</text>\n",
+            lx + 12, y - 4, lx + 34, y - 4, C_BUDGET, lx + 42, y);
+    y += 22;
+  }
+  if (tl->persistent_bytes) {
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+            "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
+            "<text x=\"%d\" y=\"%d\">persistent bytes</text>\n",
+            lx + 12, y - 4, lx + 34, y - 4, C_FLOOR, lx + 42, y);
+  }
+  fputs("</g>\n", f);
+  (void)b;
+  fputs("</svg>\n", f);
+  return ferror(f) ? CAP_EIO : 0;
+}
