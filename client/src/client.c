@@ -1,0 +1,590 @@
+/*
+ * The client object: configuration, tensors, iterations, stats. The hot
+ * path (op begin/end) lives in executor.c, the socket side in reporter.c.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_impl.h"
+
+const char *cap_mode_name(cap_mode_t m) {
+  switch (m) {
+  case CAP_MODE_MEASURED:
+    return "measured";
+  case CAP_MODE_GUIDED:
+    return "guided";
+  case CAP_MODE_PASSIVE:
+    return "passive";
+  }
+  return "?";
+}
+
+void cap__set_error(cap_client_t *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+}
+
+const char *cap_client_last_error(cap_client_t *c) { return c ? c->err : ""; }
+
+void cap_client_config_init(cap_client_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->time_scale = 1.0;
+  cfg->ring_records = 1u << 16;
+  cfg->reconnect_ms = 200;
+  cfg->connect_timeout_ms = 1000;
+}
+
+int cap_client_socket_path(const cap_client_config_t *cfg, char *buf,
+                           size_t len) {
+  int n;
+  const char *env = getenv("CAPUCHIN_SOCKET");
+  if (cfg && cfg->socket_path && *cfg->socket_path)
+    n = snprintf(buf, len, "%s", cfg->socket_path);
+  else if (env && *env)
+    n = snprintf(buf, len, "%s", env);
+  else if (geteuid() == 0)
+    n = snprintf(buf, len, "/run/capuchin/capuchind.sock");
+  else {
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && *xdg)
+      n = snprintf(buf, len, "%s/capuchin/capuchind.sock", xdg);
+    else
+      n = snprintf(buf, len, "/run/user/%u/capuchin/capuchind.sock",
+                   (unsigned)geteuid());
+  }
+  return (n < 0 || (size_t)n >= len) ? CAP_ERANGE : 0;
+}
+
+int cap__tensor_grow(cap_client_t *c, uint32_t n) {
+  if (n <= c->cap_tensors)
+    return 0;
+  uint32_t cap = c->cap_tensors ? c->cap_tensors : 1024;
+  while (cap < n)
+    cap *= 2;
+  cap__tensor_t *t = realloc(c->tensors, (size_t)cap * sizeof *t);
+  if (!t)
+    return CAP_ENOMEM;
+  memset(t + c->cap_tensors, 0, (size_t)(cap - c->cap_tensors) * sizeof *t);
+  c->tensors = t;
+  c->cap_tensors = cap;
+  return 0;
+}
+
+void cap__note_peak(cap_client_t *c) {
+  uint64_t used = cap__dev_in_use(c);
+  atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
+  if (used > c->it.peak_bytes)
+    c->it.peak_bytes = used;
+  if (used > atomic_load_explicit(&c->ctr.peak_bytes, memory_order_relaxed))
+    atomic_store_explicit(&c->ctr.peak_bytes, used, memory_order_relaxed);
+}
+
+int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
+  cap_client_config_t cfg;
+  if (!out)
+    return CAP_EINVAL;
+  *out = NULL;
+  if (cfg_in)
+    cfg = *cfg_in;
+  else
+    cap_client_config_init(&cfg);
+  if (cfg.time_scale <= 0 || cfg.time_scale != cfg.time_scale ||
+      cfg.time_scale > 1e6)
+    return CAP_EINVAL;
+  if (cfg.ring_records == 0)
+    cfg.ring_records = 1u << 16;
+  if (cfg.ring_records < 64 || (cfg.ring_records & (cfg.ring_records - 1)))
+    return CAP_EINVAL;
+  if (cfg.backend && strcmp(cfg.backend, "sim") != 0 &&
+      strcmp(cfg.backend, "cuda") != 0)
+    return CAP_EINVAL;
+
+  cap_client_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return CAP_ENOMEM;
+  int rc = cap_client_socket_path(&cfg, c->socket_path, sizeof c->socket_path);
+  if (rc < 0)
+    goto out_free;
+  if (cfg.job_name && *cfg.job_name)
+    snprintf(c->job_name, sizeof c->job_name, "%s", cfg.job_name);
+  else
+    snprintf(c->job_name, sizeof c->job_name, "job-%ld", (long)getpid());
+  c->budget_bytes = cfg.budget_bytes;
+  c->no_daemon = cfg.no_daemon;
+  c->reconnect_ms = cfg.reconnect_ms ? cfg.reconnect_ms : 200;
+  c->connect_timeout_ms = cfg.connect_timeout_ms;
+  c->time_scale = cfg.time_scale;
+  c->wake_fd[0] = c->wake_fd[1] = -1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+
+  rc = cap__ring_init(&c->ring, cfg.ring_records);
+  if (rc < 0)
+    goto out_mutex;
+  rc = cap__dev_open(c, &cfg);
+  if (rc < 0)
+    goto out_ring;
+  if (c->budget_bytes == 0)
+    c->budget_bytes = c->device_total_bytes;
+  rc = cap__dev_set_budget(c, c->budget_bytes);
+  if (rc < 0)
+    goto out_dev;
+  rc = cap__reporter_start(c);
+  if (rc < 0)
+    goto out_dev;
+  if (!c->no_daemon && c->connect_timeout_ms) {
+    /* Give the first connection a moment so that iteration 1 can be the
+     * measured one; without a daemon we start passive and keep trying. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t ns = ts.tv_nsec + (int64_t)c->connect_timeout_ms * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_mutex_lock(&c->mu);
+    while (!atomic_load(&c->ctr.connected)) {
+      if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0)
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+  *out = c;
+  return 0;
+out_dev:
+  cap__dev_close(c);
+out_ring:
+  cap__ring_close(&c->ring);
+out_mutex:
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+out_free:
+  free(c);
+  return rc;
+}
+
+void cap_client_destroy(cap_client_t *c) {
+  if (!c)
+    return;
+  cap__reporter_stop(c);
+  cap__reap(c, true);
+  for (uint32_t i = 0; i < c->n_tensors; i++)
+    cap__release_tensor(c, i);
+  cap__reap(c, true);
+  free(c->retire);
+  cap__x_clear(c);
+  cap_plan_destroy(c->pending_plan);
+  free(c->pending_fb);
+  free(c->fb);
+  cap__oplog_close(&c->log_cur);
+  cap__oplog_close(&c->log_last);
+  cap__dev_close(c);
+  cap__ring_close(&c->ring);
+  free(c->tensors);
+  free(c->transient_ids);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+/* --- Tensors --------------------------------------------------------------- */
+
+static int new_id(cap_client_t *c, uint32_t *id) {
+  if (c->n_tensors >= (1u << 31))
+    return CAP_ERANGE;
+  int rc = cap__tensor_grow(c, c->n_tensors + 1);
+  if (rc < 0)
+    return rc;
+  *id = c->n_tensors++;
+  memset(&c->tensors[*id], 0, sizeof c->tensors[*id]);
+  c->tensors[*id].out_action = CAP_NONE;
+  return 0;
+}
+
+int cap_client_register(cap_client_t *c, uint64_t bytes, cap_tensor_kind_t kind,
+                        uint32_t *id, void **dev) {
+  if (!c || !id || (kind != CAP_KIND_PARAM && kind != CAP_KIND_INPUT) ||
+      c->op_open)
+    return CAP_EINVAL;
+  uint32_t i;
+  int rc = new_id(c, &i);
+  if (rc < 0)
+    return rc;
+  cap__tensor_t *t = &c->tensors[i];
+  void *p = NULL;
+  rc = cap__alloc_for(c, bytes ? bytes : 1, &p, true);
+  if (rc < 0) {
+    c->n_tensors--;
+    return rc;
+  }
+  t->bytes = bytes;
+  t->kind = (uint8_t)kind;
+  t->persistent = 1;
+  t->state = CAP__T_DEVICE;
+  t->dev = p;
+  t->lru = ++c->tick;
+  c->persistent_bytes += bytes;
+  if (c->recording && !cap__rec_decl(c, i, bytes, (uint8_t)kind))
+    c->it.dropped_records++;
+  *id = i;
+  if (dev)
+    *dev = p;
+  return 0;
+}
+
+int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
+  if (!c || !id)
+    return CAP_EINVAL;
+  if (!c->in_iter || c->op_open) {
+    cap__set_error(c, "declare outside an iteration or inside an op");
+    return CAP_ESTATE;
+  }
+  uint32_t i;
+  int rc;
+  if (c->transient_decl < c->n_transient_ids) {
+    i = c->transient_ids[c->transient_decl];
+    if (c->tensors[i].state != CAP__T_UNUSED) {
+      /* Still alive from an earlier iteration: the pattern changed; give
+       * this declaration a new id. */
+      rc = new_id(c, &i);
+      if (rc < 0)
+        return rc;
+    }
+  } else {
+    rc = new_id(c, &i);
+    if (rc < 0)
+      return rc;
+    if (c->n_transient_ids == c->cap_transient_ids) {
+      uint32_t n = c->cap_transient_ids ? c->cap_transient_ids * 2 : 1024;
+      uint32_t *ids = realloc(c->transient_ids, (size_t)n * sizeof *ids);
+      if (!ids) {
+        c->n_tensors--;
+        return CAP_ENOMEM;
+      }
+      c->transient_ids = ids;
+      c->cap_transient_ids = n;
+    }
+    c->transient_ids[c->n_transient_ids++] = i;
+  }
+  c->transient_decl++;
+  cap__tensor_t *t = &c->tensors[i];
+  uint32_t n_acc = 0;
+  (void)n_acc;
+  t->bytes = bytes;
+  t->kind = CAP_KIND_ACTIVATION;
+  t->persistent = 0;
+  t->state = CAP__T_DECLARED;
+  t->n_access = 0;
+  t->out_action = CAP_NONE;
+  t->pinned = 0;
+  if (c->recording && !cap__rec_decl(c, i, bytes, CAP_KIND_ACTIVATION))
+    c->it.dropped_records++;
+  *id = i;
+  return 0;
+}
+
+int cap_client_alloc(cap_client_t *c, uint64_t bytes, uint32_t *id,
+                     void **dev) {
+  uint32_t i;
+  int rc = cap_client_declare(c, bytes, &i);
+  if (rc < 0)
+    return rc;
+  cap__tensor_t *t = &c->tensors[i];
+  void *p = NULL;
+  rc = cap__alloc_for(c, bytes ? bytes : 1, &p, true);
+  if (rc < 0) {
+    t->state = CAP__T_UNUSED;
+    return rc;
+  }
+  t->dev = p;
+  t->state = CAP__T_DEVICE;
+  t->lru = ++c->tick;
+  *id = i;
+  if (dev)
+    *dev = p;
+  return 0;
+}
+
+int cap_client_free(cap_client_t *c, uint32_t id) {
+  if (!c || id >= c->n_tensors || c->tensors[id].state == CAP__T_UNUSED ||
+      c->tensors[id].persistent || c->tensors[id].pinned) {
+    if (c)
+      cap__set_error(c, "free: tensor %u is not a live transient tensor", id);
+    return CAP_EINVAL;
+  }
+  cap__release_tensor(c, id);
+  if (c->recording && c->in_iter) {
+    int64_t t = cap__now_ns(c) - c->iter_start_ns;
+    if (!cap__rec_free(c, id, t < 0 ? 0 : t))
+      c->it.dropped_records++;
+  }
+  return 0;
+}
+
+void *cap_client_tensor_ptr(cap_client_t *c, uint32_t id) {
+  if (!c || id >= c->n_tensors || c->tensors[id].state != CAP__T_DEVICE)
+    return NULL;
+  return c->tensors[id].dev;
+}
+
+/* --- Iterations -------------------------------------------------------------- */
+
+int cap_client_iteration_begin(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  if (c->in_iter) {
+    cap__set_error(c, "iteration begin inside an iteration");
+    return CAP_ESTATE;
+  }
+  cap__reap(c, false);
+  cap_plan_t *plan = NULL;
+  uint64_t budget = 0;
+  bool lost;
+  pthread_mutex_lock(&c->mu);
+  plan = c->pending_plan;
+  c->pending_plan = NULL;
+  budget = c->pending_budget;
+  c->pending_budget = 0;
+  lost = c->session_lost;
+  c->session_lost = false;
+  pthread_mutex_unlock(&c->mu);
+  bool connected = atomic_load(&c->ctr.connected);
+  if (lost)
+    c->measured_done = false; /* a new session: measure again if no plan */
+  if (plan) {
+    uint64_t pb = plan->budget_bytes;
+    uint32_t v = plan->version;
+    if (cap__x_install(c, plan) == 0) {
+      atomic_store(&c->ctr.plan_version, v);
+      if (pb)
+        budget = pb;
+      pthread_mutex_lock(&c->mu);
+      c->ack_version = v;
+      pthread_mutex_unlock(&c->mu);
+    }
+  }
+  if (budget && budget != c->budget_bytes) {
+    c->budget_bytes = budget;
+    cap__dev_set_budget(c, budget);
+  }
+  if (c->x.plan)
+    c->mode = CAP_MODE_GUIDED;
+  else if (!c->no_daemon && connected && !c->measured_done)
+    c->mode = CAP_MODE_MEASURED;
+  else
+    c->mode = CAP_MODE_PASSIVE;
+  c->recording = c->mode == CAP_MODE_MEASURED;
+  c->iteration++;
+  memset(&c->it, 0, sizeof c->it);
+  c->it.iteration = c->iteration;
+  c->it.mode = c->mode;
+  c->it.plan_version = c->x.plan ? c->x.plan->version : 0;
+  c->n_fb = 0;
+  c->op_seq = 0;
+  c->transient_decl = 0;
+  c->log_cur.n_ops = 0;
+  c->log_cur.n_ids = 0;
+  for (uint32_t i = 0; i < c->n_tensors; i++) {
+    c->tensors[i].n_access = 0;
+  }
+  c->dropped_at_begin = atomic_load(&c->dropped);
+  if (c->recording) {
+    cap__rec_simple(c, CAP__REC_ITER_BEGIN, c->iteration, 1);
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+      const cap__tensor_t *t = &c->tensors[i];
+      if (t->persistent)
+        cap__rec_decl(c, i, t->bytes, t->kind);
+    }
+  }
+  c->it.peak_bytes = cap__dev_in_use(c);
+  c->in_iter = true;
+  c->iter_start_ns = cap__now_ns(c);
+  return 0;
+}
+
+int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
+  if (!c)
+    return CAP_EINVAL;
+  if (!c->in_iter || c->op_open) {
+    cap__set_error(c, "iteration end %s", c->op_open ? "with an op open"
+                                                     : "outside an iteration");
+    return CAP_ESTATE;
+  }
+  c->it.time_ns = cap__now_ns(c) - c->iter_start_ns;
+  c->it.dropped_records = atomic_load(&c->dropped) - c->dropped_at_begin;
+  c->in_iter = false;
+  bool incomplete = c->it.dropped_records != 0;
+  if (c->log_cur.n_ops >= UINT32_MAX / 2) {
+    c->log_cur.n_ops = 0;
+  } else {
+    cap__oplog_t tmp = c->log_last;
+    c->log_last = c->log_cur;
+    c->log_cur = tmp;
+    if (!c->log_last_valid && c->x.plan) {
+      /* Lineage just became available: recompute actions of the installed
+       * plan become usable from the next iteration. */
+      c->log_last_valid = true;
+      cap_plan_t *p = cap_plan_clone(c->x.plan);
+      if (p)
+        cap__x_install(c, p);
+    }
+    c->log_last_valid = true;
+  }
+  /* Hand the stats and the feedback to the reporter. */
+  pthread_mutex_lock(&c->mu);
+  if (c->mode == CAP_MODE_GUIDED && c->n_fb) {
+    cap_feedback_t *f =
+        realloc(c->pending_fb, (size_t)(c->n_pending_fb + c->n_fb) * sizeof *f);
+    if (f) {
+      memcpy(f + c->n_pending_fb, c->fb, c->n_fb * sizeof *f);
+      c->pending_fb = f;
+      c->n_pending_fb += c->n_fb;
+      c->pending_fb_version = c->it.plan_version;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  {
+    /* ITER_END carries the stats across the ring in two records. */
+    uint64_t s = cap__ring_reserve(&c->ring, 2);
+    if (s != UINT64_MAX) {
+      cap__rec_t *r = cap__ring_at(&c->ring, s);
+      memset(r, 0, sizeof *r);
+      r->type = CAP__REC_ITER_END;
+      r->a = c->iteration;
+      r->b = (uint32_t)c->mode | (c->recording ? 0x100u : 0) |
+             (incomplete ? 0x200u : 0);
+      r->c = c->it.plan_version;
+      r->u.op.t0 = c->it.time_ns;
+      r->u.op.t1 = c->it.stall_ns;
+      r->u.op.u64 = c->it.peak_bytes;
+      cap__rec_t *r2 = cap__ring_at(&c->ring, s + 1);
+      memset(r2, 0, sizeof *r2);
+      r2->type = CAP__REC_CONT;
+      uint64_t v[5] = {c->it.bytes_out, c->it.bytes_in, c->it.recomputed_ops,
+                       c->it.evictions, 0};
+      memcpy(r2->u.ids, v, sizeof v < sizeof r2->u.ids ? sizeof v
+                                                      : sizeof r2->u.ids);
+      cap__ring_commit(&c->ring, s + 2);
+    } else {
+      atomic_fetch_add(&c->dropped, 2);
+    }
+  }
+  cap__reporter_wake(c);
+  if (c->mode == CAP_MODE_MEASURED && !incomplete)
+    c->measured_done = true;
+  atomic_fetch_add(&c->ctr.iterations, 1);
+  atomic_fetch_add(&c->ctr.dropped_records, c->it.dropped_records);
+  if (st)
+    *st = c->it;
+  return 0;
+}
+
+int cap_client_op_begin(cap_client_t *c, const char *name, const uint32_t *in,
+                        uint32_t n_in, const uint32_t *out, uint32_t n_out,
+                        void **in_ptrs, void **out_ptrs) {
+  if (!c)
+    return CAP_EINVAL;
+  return cap__op_begin(c, name, in, n_in, out, n_out, in_ptrs, out_ptrs);
+}
+
+int cap_client_op_end(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  return cap__op_end(c);
+}
+
+void cap_client_set_recompute(cap_client_t *c, cap_recompute_fn fn,
+                              void *user) {
+  if (!c)
+    return;
+  c->recompute = fn;
+  c->recompute_user = user;
+}
+
+int cap_client_compute(cap_client_t *c, int64_t duration_ns) {
+  if (!c || duration_ns < 0)
+    return CAP_EINVAL;
+  return cap__dev_compute(c, duration_ns);
+}
+
+int cap_client_pattern_fill(cap_client_t *c, void *dev, uint64_t bytes,
+                            uint64_t seed) {
+  if (!c || (!dev && bytes))
+    return CAP_EINVAL;
+  return cap__dev_fill(c, dev, bytes, seed);
+}
+
+int64_t cap_client_pattern_check(cap_client_t *c, const void *dev,
+                                 uint64_t bytes, uint64_t seed) {
+  if (!c || (!dev && bytes))
+    return CAP_EINVAL;
+  return cap__dev_check(c, dev, bytes, seed);
+}
+
+void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
+  memset(st, 0, sizeof *st);
+  if (!c)
+    return;
+  st->bytes_out = atomic_load(&c->ctr.bytes_out);
+  st->bytes_in = atomic_load(&c->ctr.bytes_in);
+  st->evictions = atomic_load(&c->ctr.evictions);
+  st->recomputed_ops = atomic_load(&c->ctr.recomputed_ops);
+  st->stalls = atomic_load(&c->ctr.stalls);
+  st->stall_ns = atomic_load(&c->ctr.stall_ns);
+  st->peak_bytes = atomic_load(&c->ctr.peak_bytes);
+  st->device_bytes = atomic_load(&c->ctr.device_bytes);
+  st->budget_bytes = c->budget_bytes;
+  st->dropped_records = atomic_load(&c->dropped);
+  st->fallbacks = atomic_load(&c->ctr.fallbacks);
+  st->plan_version = atomic_load(&c->ctr.plan_version);
+  st->iterations = atomic_load(&c->ctr.iterations);
+  st->connected = atomic_load(&c->ctr.connected);
+  st->reconnects = atomic_load(&c->ctr.reconnects);
+  snprintf(st->backend, sizeof st->backend, "%s", c->backend);
+  snprintf(st->device_name, sizeof st->device_name, "%s", c->device_name);
+  st->h2d_gbps = c->h2d_gbps;
+  st->d2h_gbps = c->d2h_gbps;
+  st->duplex_gbps = c->duplex_gbps;
+}
+
+int64_t cap_client_plan_predicted_ns(cap_client_t *c) {
+  return c && c->x.plan ? c->x.plan->predicted_iter_ns : 0;
+}
+
+int cap_client_wait_plan(cap_client_t *c, uint32_t version,
+                         uint32_t timeout_ms) {
+  if (!c)
+    return CAP_EINVAL;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t ns = ts.tv_nsec + (int64_t)timeout_ms * 1000000;
+  ts.tv_sec += ns / 1000000000;
+  ts.tv_nsec = ns % 1000000000;
+  int rc = 0;
+  pthread_mutex_lock(&c->mu);
+  while (c->received_version <= version) {
+    if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0) {
+      rc = CAP_ETIMEDOUT;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void cap_client_fault_copy(cap_client_t *c, uint32_t nth) {
+  if (c)
+    cap__dev_fault_copy(c, nth);
+}
+
+int64_t cap_client_now_ns(cap_client_t *c) { return c ? cap__now_ns(c) : 0; }
+
+void cap_client_fault_alloc(cap_client_t *c, uint32_t nth, bool sticky) {
+  if (!c)
+    return;
+  c->fault_alloc_nth = nth;
+  c->fault_alloc_sticky = sticky;
+}

@@ -1,0 +1,308 @@
+/*
+ * Internals of libcapuchin-client shared by its files: the client struct,
+ * the tensor table, the recorder ring, the executor's plan index and the
+ * thin device layer (device.c) over the backend vtable and the BFC
+ * allocator.
+ */
+#ifndef CAP_CLIENT_IMPL_H
+#define CAP_CLIENT_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capuchin/client.h"
+#include "capuchin/plan.h"
+#include "capuchin/planner.h"
+
+#define CAP__MAX_OP_TENSORS 4096u
+
+/* --- Recorder ring: single producer (owner thread), single consumer
+ * (reporter thread). Fixed 64-byte records; an op with many tensors takes
+ * continuation records. Never blocks: a full ring drops and counts. */
+enum {
+  CAP__REC_DECL = 1,    /* a = id, u64[0] = bytes, b = kind */
+  CAP__REC_OP = 2,      /* a = seq, b = n_in, c = n_out, t0, t1, name; the
+                           ids follow in CONT records, 12 per record */
+  CAP__REC_CONT = 3,    /* ids[] continuation of an OP */
+  CAP__REC_FREE = 4,    /* a = id, t0 = time */
+  CAP__REC_ITER_END = 5,/* iteration end marker; stats in the side slot */
+  CAP__REC_ITER_BEGIN = 6, /* a = iteration, b = measured */
+};
+
+#define CAP__REC_IDS 12u
+typedef struct cap__rec {
+  uint8_t type;
+  uint8_t pad[3];
+  uint32_t a, b, c;
+  union {
+    struct {
+      int64_t t0, t1;
+      const char *name;
+      uint64_t u64;
+      uint32_t pad2[4];
+    } op;
+    uint32_t ids[CAP__REC_IDS];
+  } u;
+} cap__rec_t;
+
+typedef struct cap__ring {
+  cap__rec_t *recs;
+  uint32_t mask;
+  _Alignas(64) _Atomic uint64_t head; /* producer writes here */
+  uint64_t tail_cache;                /* producer's view of tail */
+  _Alignas(64) _Atomic uint64_t tail; /* consumer reads here */
+} cap__ring_t;
+
+int cap__ring_init(cap__ring_t *r, uint32_t n_records);
+void cap__ring_close(cap__ring_t *r);
+/* Reserve n contiguous-in-sequence records; NULL-free API: returns the
+ * first sequence number or UINT64_MAX when there is no room. Fill with
+ * cap__ring_at, then publish with cap__ring_commit. */
+uint64_t cap__ring_reserve(cap__ring_t *r, uint32_t n);
+static inline cap__rec_t *cap__ring_at(cap__ring_t *r, uint64_t seq) {
+  return &r->recs[seq & r->mask];
+}
+static inline void cap__ring_commit(cap__ring_t *r, uint64_t end) {
+  atomic_store_explicit(&r->head, end, memory_order_release);
+}
+
+/* --- Device layer (device.c) ---------------------------------------------- */
+typedef struct cap__dev cap__dev_t;
+typedef struct cap__ev cap__ev_t; /* a copy's completion event */
+
+int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg);
+void cap__dev_close(cap_client_t *c);
+/* Device memory under the budget: CAP_EBUDGET when it does not fit now. */
+int cap__dev_alloc(cap_client_t *c, uint64_t bytes, void **p);
+void cap__dev_free(cap_client_t *c, void *p);
+uint64_t cap__dev_in_use(cap_client_t *c);
+int cap__dev_set_budget(cap_client_t *c, uint64_t bytes);
+void cap__dev_fault_copy(cap_client_t *c, uint32_t nth);
+int cap__host_alloc(cap_client_t *c, uint64_t bytes, void **p);
+void cap__host_free(cap_client_t *c, void *p, uint64_t bytes);
+/* Async copies on the client's streams, ordered after the work the compute
+ * stream has issued so far. *ev is the copy's completion. */
+int cap__copy_d2h(cap_client_t *c, void *host, const void *dev,
+                  uint64_t bytes, cap__ev_t **ev);
+int cap__copy_h2d(cap_client_t *c, void *dev, const void *host,
+                  uint64_t bytes, cap__ev_t **ev);
+/* 1 complete, 0 pending, negative: the copy failed. */
+int cap__ev_query(cap_client_t *c, cap__ev_t *ev);
+/* Host wait; 0 or the copy's error. */
+int cap__ev_sync(cap_client_t *c, cap__ev_t *ev);
+/* Make the compute stream wait for ev (no host wait where the backend can;
+ * sim: a host wait). 0 or the copy's error. */
+int cap__ev_compute_wait(cap_client_t *c, cap__ev_t *ev);
+void cap__ev_release(cap_client_t *c, cap__ev_t *ev);
+/* Backend clock in trace nanoseconds (scaled back by time_scale). */
+int64_t cap__now_ns(cap_client_t *c);
+/* true when compute-stream waits are host waits (sim): stalls measured
+ * directly rather than estimated. */
+bool cap__dev_host_compute(cap_client_t *c);
+int cap__dev_compute(cap_client_t *c, int64_t ns);
+int cap__dev_fill(cap_client_t *c, void *dev, uint64_t bytes, uint64_t seed);
+int64_t cap__dev_check(cap_client_t *c, const void *dev, uint64_t bytes,
+                       uint64_t seed);
+
+/* --- Tensors -------------------------------------------------------------- */
+enum {
+  CAP__T_UNUSED = 0, /* id not live (freed, or not declared this iteration) */
+  CAP__T_DECLARED,   /* declared, no memory yet */
+  CAP__T_DEVICE,     /* on the device */
+  CAP__T_OUT,        /* D2H in flight; device memory still held */
+  CAP__T_HOST,       /* only in host memory */
+  CAP__T_IN,         /* H2D in flight; device memory allocated */
+  CAP__T_DROPPED,    /* dropped for recompute */
+  CAP__T_LOST,       /* contents lost (failed recompute) */
+};
+
+typedef struct cap__tensor {
+  uint64_t bytes;
+  uint8_t kind;
+  uint8_t state;
+  uint8_t persistent;
+  uint8_t pinned;      /* used by the op being begun: not evictable */
+  uint32_t n_access;   /* accesses so far this iteration */
+  uint32_t out_action; /* action of the eviction in force, CAP_NONE passive */
+  uint32_t back_access;/* access that brings it back (feedback) */
+  void *dev;
+  void *host;
+  cap__ev_t *ev;       /* pending copy (OUT / IN) */
+  uint64_t lru;        /* tick of the last access */
+  int64_t in_start_ns; /* when the swap-in started */
+  int64_t in_est_end_ns; /* estimated end of the swap-in */
+} cap__tensor_t;
+
+/* Deferred release: memory that a copy still reads or writes, returned when
+ * the copy's event completes. */
+typedef struct cap__retire {
+  cap__ev_t *ev;
+  void *dev;       /* device memory to free, or NULL */
+  void *host;      /* host memory to free, or NULL */
+  uint64_t host_bytes;
+  uint32_t tensor; /* tensor whose state moves OUT->HOST on completion, or
+                      CAP_NONE */
+} cap__retire_t;
+
+/* --- Executor: plan index (executor.c) ------------------------------------ */
+typedef struct cap__slot {
+  uint32_t evict;    /* action evicting after this access, CAP_NONE */
+  uint32_t trig_off; /* prefetches triggered when this access begins */
+  uint32_t n_trig;
+} cap__slot_t;
+
+typedef struct cap__xplan {
+  cap_plan_t *plan;
+  uint32_t n_tensors;     /* tensors covered by slot_off */
+  uint32_t *slot_off;     /* [n_tensors + 1]: slots of tensor t are
+                             slots[slot_off[t] + k - 1] */
+  cap__slot_t *slots;
+  uint32_t *trig;         /* action indices */
+  uint8_t *fallback;      /* per action: carried out as swap (recompute
+                             failed or unavailable) */
+} cap__xplan_t;
+
+/* One op of an iteration's log (lineage for recompute). */
+typedef struct cap__oplog_op {
+  const char *name;
+  uint32_t off;  /* ids: log->ids[off .. off + n_in + n_out) */
+  uint32_t n_in, n_out;
+} cap__oplog_op_t;
+
+typedef struct cap__oplog {
+  cap__oplog_op_t *ops;
+  uint32_t n_ops, cap_ops;
+  uint32_t *ids;
+  uint32_t n_ids, cap_ids;
+} cap__oplog_t;
+
+/* Stats shared with other threads (cap_client_get_stats). */
+typedef struct cap__counters {
+  _Atomic uint64_t bytes_out, bytes_in, evictions, recomputed_ops, stalls;
+  _Atomic int64_t stall_ns;
+  _Atomic uint64_t peak_bytes, device_bytes, dropped_records, fallbacks;
+  _Atomic uint32_t plan_version, iterations, reconnects;
+  _Atomic bool connected;
+} cap__counters_t;
+
+struct cap_client {
+  /* Config (resolved). */
+  char socket_path[108];
+  char job_name[128];
+  uint64_t budget_bytes;
+  bool no_daemon;
+  uint32_t reconnect_ms, connect_timeout_ms;
+  double time_scale;
+
+  /* Device. */
+  cap__dev_t *dev;
+  char backend[16];
+  char device_name[64];
+  uint64_t device_total_bytes;
+  double h2d_gbps, d2h_gbps, duplex_gbps;
+  uint32_t fault_alloc_nth;
+  bool fault_alloc_sticky;
+
+  /* Tensors. */
+  cap__tensor_t *tensors;
+  uint32_t n_tensors, cap_tensors;
+  uint32_t *transient_ids;      /* i-th transient declaration -> id */
+  uint32_t n_transient_ids, cap_transient_ids;
+  uint32_t transient_decl;      /* declarations this iteration */
+  uint64_t tick;
+  uint64_t persistent_bytes;
+
+  cap__retire_t *retire;
+  uint32_t n_retire, cap_retire;
+
+  /* Iteration. */
+  bool in_iter;
+  bool op_open;
+  uint32_t iteration;          /* current (1-based) */
+  cap_mode_t mode;
+  int64_t iter_start_ns;
+  uint32_t op_seq;             /* ops begun this iteration */
+  int64_t op_start_ns;
+  const char *op_name;
+  uint32_t op_ids[2 * CAP__MAX_OP_TENSORS]; /* unique tensors of the open op */
+  uint32_t op_n_unique;
+  const uint32_t *op_in, *op_out;
+  uint32_t op_n_in, op_n_out;
+  cap_iter_stats_t it;         /* this iteration's counters */
+  bool recording;              /* measured: records go to the ring */
+  uint64_t dropped_at_begin;
+  bool measured_done;          /* a complete measured iteration was sent */
+
+  /* Lineage: ops of this and of the last complete iteration. */
+  cap__oplog_t log_cur, log_last;
+  bool log_last_valid;
+
+  /* Plan. */
+  cap__xplan_t x;              /* installed plan (x.plan NULL: none) */
+  cap_feedback_t *fb;          /* stalls this iteration */
+  uint32_t n_fb, cap_fb;
+  cap_recompute_fn recompute;
+  void *recompute_user;
+  uint32_t recompute_depth;
+
+  /* Reporter (reporter.c). */
+  cap__ring_t ring;
+  _Atomic uint64_t dropped;    /* records the ring refused */
+  pthread_t reporter;
+  bool reporter_started;
+  _Atomic bool stop;
+  pthread_mutex_t mu;          /* guards what follows */
+  pthread_cond_t cv;
+  cap_plan_t *pending_plan;    /* received, not yet installed */
+  uint32_t received_version;
+  uint64_t pending_budget;     /* BudgetUpdate, 0 none */
+  cap_iter_stats_t pending_end;/* stats for the ITER_END record */
+  cap_feedback_t *pending_fb;
+  uint32_t n_pending_fb;
+  uint32_t pending_fb_version;
+  uint32_t ack_version;        /* plan version to acknowledge, 0 none */
+  bool session_lost;           /* connection dropped since last begin */
+  int wake_fd[2];              /* owner -> reporter wake pipe */
+  struct rep *rep;             /* reporter state (reporter.c) */
+
+  cap__counters_t ctr;
+  char err[256];
+};
+
+/* client.c */
+void cap__set_error(cap_client_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int cap__tensor_grow(cap_client_t *c, uint32_t n);
+void cap__note_peak(cap_client_t *c);
+
+/* executor.c */
+int cap__x_install(cap_client_t *c, cap_plan_t *plan);
+void cap__x_clear(cap_client_t *c);
+int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
+                  uint32_t n_in, const uint32_t *out, uint32_t n_out,
+                  void **in_ptrs, void **out_ptrs);
+int cap__op_end(cap_client_t *c);
+/* Allocate device memory for tensor t (state DECLARED/HOST/...), evicting
+ * LRU tensors synchronously when over budget. */
+int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
+void cap__reap(cap_client_t *c, bool wait_all);
+int cap__release_tensor(cap_client_t *c, uint32_t id);
+int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
+                   uint32_t n_in, const uint32_t *out, uint32_t n_out);
+void cap__oplog_close(cap__oplog_t *l);
+
+/* reporter.c */
+int cap__reporter_start(cap_client_t *c);
+void cap__reporter_stop(cap_client_t *c);
+void cap__reporter_wake(cap_client_t *c);
+/* Record helpers (owner thread). false when the ring dropped it. */
+bool cap__rec_decl(cap_client_t *c, uint32_t id, uint64_t bytes, uint8_t kind);
+bool cap__rec_op(cap_client_t *c, uint32_t seq, int64_t t0, int64_t t1,
+                 const char *name, const uint32_t *in, uint32_t n_in,
+                 const uint32_t *out, uint32_t n_out);
+bool cap__rec_free(cap_client_t *c, uint32_t id, int64_t t);
+bool cap__rec_simple(cap_client_t *c, uint8_t type, uint32_t a, uint32_t b);
+
+#endif /* CAP_CLIENT_IMPL_H */

@@ -1,0 +1,837 @@
+/*
+ * The plan executor and passive mode: op begin/end on the hot path, plan
+ * triggers looked up by (tensor, access) in O(1), swap-outs after the
+ * evicted-access, prefetches at in-triggers, waits and recomputation at
+ * back-accesses, and LRU swapping on demand when an allocation does not fit.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+/* --- Op log (lineage) ------------------------------------------------------- */
+
+int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
+                   uint32_t n_in, const uint32_t *out, uint32_t n_out) {
+  if (l->n_ops == l->cap_ops) {
+    uint32_t n = l->cap_ops ? l->cap_ops * 2 : 1024;
+    cap__oplog_op_t *ops = realloc(l->ops, (size_t)n * sizeof *ops);
+    if (!ops)
+      return CAP_ENOMEM;
+    l->ops = ops;
+    l->cap_ops = n;
+  }
+  uint32_t need = n_in + n_out;
+  if (l->cap_ids - l->n_ids < need) {
+    uint32_t n = l->cap_ids ? l->cap_ids : 4096;
+    while (n - l->n_ids < need)
+      n *= 2;
+    uint32_t *ids = realloc(l->ids, (size_t)n * sizeof *ids);
+    if (!ids)
+      return CAP_ENOMEM;
+    l->ids = ids;
+    l->cap_ids = n;
+  }
+  cap__oplog_op_t *op = &l->ops[l->n_ops++];
+  op->name = name;
+  op->off = l->n_ids;
+  op->n_in = n_in;
+  op->n_out = n_out;
+  if (n_in)
+    memcpy(l->ids + l->n_ids, in, n_in * sizeof *in);
+  if (n_out)
+    memcpy(l->ids + l->n_ids + n_in, out, n_out * sizeof *out);
+  l->n_ids += need;
+  return 0;
+}
+
+void cap__oplog_close(cap__oplog_t *l) {
+  free(l->ops);
+  free(l->ids);
+  memset(l, 0, sizeof *l);
+}
+
+/* --- Plan index ------------------------------------------------------------- */
+
+void cap__x_clear(cap_client_t *c) {
+  cap__xplan_t *x = &c->x;
+  cap_plan_destroy(x->plan);
+  free(x->slot_off);
+  free(x->slots);
+  free(x->trig);
+  free(x->fallback);
+  memset(x, 0, sizeof *x);
+}
+
+static bool recompute_usable(cap_client_t *c, const cap_plan_t *p,
+                             const cap_action_t *a) {
+  if (!c->recompute || !c->log_last_valid || a->n_recompute == 0)
+    return false;
+  const uint32_t *ops = cap_action_recompute_ops(p, a);
+  for (uint32_t i = 0; i < a->n_recompute; i++)
+    if (ops[i] >= c->log_last.n_ops)
+      return false;
+  /* The last op must produce the tensor. */
+  const cap__oplog_op_t *last = &c->log_last.ops[ops[a->n_recompute - 1]];
+  const uint32_t *outs = c->log_last.ids + last->off + last->n_in;
+  for (uint32_t i = 0; i < last->n_out; i++)
+    if (outs[i] == a->tensor)
+      return true;
+  return false;
+}
+
+/* Build the (tensor, access) index of a plan and make it the installed one.
+ * Takes ownership of plan. Actions naming unknown tensors are refused as a
+ * whole (the plan was made for another job). */
+int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
+  int rc = CAP_ENOMEM;
+  cap__xplan_t x = {0};
+  uint32_t nt = c->n_tensors;
+  uint32_t *maxk = NULL, *ntrig = NULL;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->tensor >= nt || a->evict_after_access == 0 ||
+        a->evict_after_access == UINT32_MAX ||
+        (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE &&
+         (a->prefetch_tensor >= nt || a->prefetch_access == 0)) ||
+        (a->method != CAP_METHOD_SWAP && a->method != CAP_METHOD_RECOMPUTE) ||
+        (a->method == CAP_METHOD_RECOMPUTE &&
+         (uint64_t)a->recompute_off + a->n_recompute > plan->n_recompute_ops)) {
+      cap__set_error(c, "plan v%u: action %u (tensor %u) does not fit this job",
+                     plan->version, i, a->tensor);
+      cap_plan_destroy(plan);
+      return CAP_EINVAL;
+    }
+  }
+  maxk = calloc(nt ? nt : 1, sizeof *maxk);
+  ntrig = calloc(nt ? nt : 1, sizeof *ntrig);
+  x.slot_off = calloc((size_t)nt + 1, sizeof *x.slot_off);
+  x.fallback = calloc(plan->n_actions ? plan->n_actions : 1, 1);
+  if (!maxk || !ntrig || !x.slot_off || !x.fallback)
+    goto out;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->evict_after_access > maxk[a->tensor])
+      maxk[a->tensor] = a->evict_after_access;
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE &&
+        a->prefetch_access > maxk[a->prefetch_tensor])
+      maxk[a->prefetch_tensor] = a->prefetch_access;
+    if (a->method == CAP_METHOD_RECOMPUTE && !recompute_usable(c, plan, a))
+      x.fallback[i] = 1;
+  }
+  uint64_t total = 0;
+  for (uint32_t t = 0; t < nt; t++) {
+    x.slot_off[t] = (uint32_t)total;
+    total += maxk[t];
+  }
+  x.slot_off[nt] = (uint32_t)total;
+  x.slots = malloc((total ? total : 1) * sizeof *x.slots);
+  x.trig = malloc((plan->n_actions ? plan->n_actions : 1) * sizeof *x.trig);
+  if (!x.slots || !x.trig)
+    goto out;
+  for (uint64_t s = 0; s < total; s++)
+    x.slots[s] = (cap__slot_t){CAP_NONE, 0, 0};
+  /* Count triggers per slot, then lay them out. */
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    cap__slot_t *s = &x.slots[x.slot_off[a->tensor] + a->evict_after_access - 1];
+    if (s->evict != CAP_NONE) {
+      cap__set_error(c, "plan v%u: two actions evict tensor %u after access %u",
+                     plan->version, a->tensor, a->evict_after_access);
+      rc = CAP_EINVAL;
+      goto out;
+    }
+    s->evict = i;
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE)
+      x.slots[x.slot_off[a->prefetch_tensor] + a->prefetch_access - 1].n_trig++;
+  }
+  uint32_t off = 0;
+  for (uint64_t s = 0; s < total; s++) {
+    x.slots[s].trig_off = off;
+    off += x.slots[s].n_trig;
+    x.slots[s].n_trig = 0;
+  }
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE) {
+      cap__slot_t *s =
+          &x.slots[x.slot_off[a->prefetch_tensor] + a->prefetch_access - 1];
+      x.trig[s->trig_off + s->n_trig++] = i;
+    }
+  }
+  x.plan = plan;
+  x.n_tensors = nt;
+  cap__x_clear(c);
+  c->x = x;
+  free(maxk);
+  free(ntrig);
+  return 0;
+out:
+  free(maxk);
+  free(ntrig);
+  free(x.slot_off);
+  free(x.slots);
+  free(x.trig);
+  free(x.fallback);
+  cap_plan_destroy(plan);
+  return rc;
+}
+
+static inline const cap__slot_t *slot_at(const cap__xplan_t *x, uint32_t t,
+                                         uint32_t k) {
+  if (t >= x->n_tensors)
+    return NULL;
+  uint32_t off = x->slot_off[t], n = x->slot_off[t + 1] - off;
+  if (k == 0 || k > n)
+    return NULL;
+  return &x->slots[off + k - 1];
+}
+
+/* --- Deferred releases ------------------------------------------------------ */
+
+static int retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
+                       uint64_t host_bytes, uint32_t tensor) {
+  if (c->n_retire == c->cap_retire) {
+    uint32_t n = c->cap_retire ? c->cap_retire * 2 : 64;
+    cap__retire_t *r = realloc(c->retire, (size_t)n * sizeof *r);
+    if (!r)
+      return CAP_ENOMEM;
+    c->retire = r;
+    c->cap_retire = n;
+  }
+  c->retire[c->n_retire++] =
+      (cap__retire_t){ev, dev, host, host_bytes, tensor};
+  return 0;
+}
+
+static void retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
+  if (r->tensor != CAP_NONE) {
+    /* A swap-out: on success the device copy goes; on failure the device
+     * copy is the only one, so it stays and the host buffer goes. */
+    cap__tensor_t *t = &c->tensors[r->tensor];
+    if (status >= 0) {
+      t->state = CAP__T_HOST;
+      cap__dev_free(c, r->dev);
+      t->dev = NULL;
+    } else {
+      t->state = CAP__T_DEVICE;
+      cap__host_free(c, t->host, t->bytes);
+      t->host = NULL;
+      atomic_fetch_add(&c->ctr.fallbacks, 1);
+      c->it.fallbacks++;
+    }
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  } else {
+    if (r->dev)
+      cap__dev_free(c, r->dev);
+    if (r->host)
+      cap__host_free(c, r->host, r->host_bytes);
+  }
+  cap__ev_release(c, r->ev);
+}
+
+void cap__reap(cap_client_t *c, bool wait_all) {
+  uint32_t j = 0;
+  for (uint32_t i = 0; i < c->n_retire; i++) {
+    cap__retire_t *r = &c->retire[i];
+    int st = wait_all ? cap__ev_sync(c, r->ev) : cap__ev_query(c, r->ev);
+    if (wait_all && st == 0)
+      st = 1;
+    if (st != 0) {
+      retire_finish(c, r, st);
+    } else {
+      c->retire[j++] = *r;
+    }
+  }
+  c->n_retire = j;
+}
+
+static cap__retire_t *retire_of(cap_client_t *c, uint32_t tensor) {
+  for (uint32_t i = 0; i < c->n_retire; i++)
+    if (c->retire[i].tensor == tensor)
+      return &c->retire[i];
+  return NULL;
+}
+
+/* Wait for the oldest pending swap-out that frees device memory. */
+static bool wait_one_out(cap_client_t *c) {
+  for (uint32_t i = 0; i < c->n_retire; i++) {
+    cap__retire_t *r = &c->retire[i];
+    if (r->tensor != CAP_NONE || r->dev) {
+      int st = cap__ev_sync(c, r->ev);
+      retire_finish(c, r, st < 0 ? st : 1);
+      memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
+      c->n_retire--;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* --- Evictions -------------------------------------------------------------- */
+
+static int swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
+  cap__tensor_t *t = &c->tensors[id];
+  void *host = NULL;
+  cap__ev_t *ev = NULL;
+  int rc = cap__host_alloc(c, t->bytes, &host);
+  if (rc < 0)
+    return rc;
+  rc = cap__copy_d2h(c, host, t->dev, t->bytes, &ev);
+  if (rc < 0)
+    goto out_free_host;
+  if (sync) {
+    int64_t t0 = cap__now_ns(c);
+    rc = cap__ev_sync(c, ev);
+    int64_t w = cap__now_ns(c) - t0;
+    c->it.stall_ns += w;
+    atomic_fetch_add(&c->ctr.stall_ns, w);
+    cap__ev_release(c, ev);
+    if (rc < 0)
+      goto out_free_host;
+    cap__dev_free(c, t->dev);
+    t->dev = NULL;
+    t->host = host;
+    t->state = CAP__T_HOST;
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  } else {
+    rc = retire_push(c, ev, t->dev, NULL, 0, id);
+    if (rc < 0) {
+      cap__ev_sync(c, ev);
+      cap__ev_release(c, ev);
+      goto out_free_host;
+    }
+    t->host = host;
+    t->state = CAP__T_OUT;
+  }
+  t->out_action = action;
+  c->it.bytes_out += t->bytes;
+  c->it.evictions++;
+  atomic_fetch_add(&c->ctr.bytes_out, t->bytes);
+  atomic_fetch_add(&c->ctr.evictions, 1);
+  return 0;
+out_free_host:
+  cap__host_free(c, host, t->bytes);
+  return rc;
+}
+
+/* Passive mode: swap out the least recently used evictable tensor
+ * synchronously. false when none is left. */
+static bool evict_lru(cap_client_t *c) {
+  uint32_t best = CAP_NONE;
+  uint64_t best_lru = UINT64_MAX;
+  for (uint32_t i = 0; i < c->n_tensors; i++) {
+    const cap__tensor_t *t = &c->tensors[i];
+    if (t->state == CAP__T_DEVICE && !t->persistent && !t->pinned &&
+        t->lru < best_lru) {
+      best = i;
+      best_lru = t->lru;
+    }
+  }
+  if (best == CAP_NONE)
+    return false;
+  return swap_out(c, best, CAP_NONE, true) == 0;
+}
+
+int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
+  for (;;) {
+    int rc = cap__dev_alloc(c, bytes, p);
+    if (rc == 0) {
+      cap__note_peak(c);
+      return 0;
+    }
+    if (rc != CAP_EBUDGET)
+      return rc;
+    /* Memory that finished copies hold comes back first, then memory that
+     * running swap-outs will release, and only then do we swap out more. */
+    uint32_t before = c->n_retire;
+    cap__reap(c, false);
+    if (c->n_retire != before)
+      continue;
+    if (wait_one_out(c))
+      continue;
+    if (!may_evict || !evict_lru(c)) {
+      cap__set_error(c, "allocation of %llu bytes does not fit the budget of "
+                        "%llu bytes (%llu in use)",
+                     (unsigned long long)bytes,
+                     (unsigned long long)c->budget_bytes,
+                     (unsigned long long)cap__dev_in_use(c));
+      return CAP_EBUDGET;
+    }
+  }
+}
+
+/* --- Bringing tensors back -------------------------------------------------- */
+
+static int swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
+  cap__tensor_t *t = &c->tensors[id];
+  void *dev = NULL;
+  cap__ev_t *ev = NULL;
+  int rc = cap__alloc_for(c, t->bytes, &dev, may_evict);
+  if (rc < 0)
+    return rc;
+  rc = cap__copy_h2d(c, dev, t->host, t->bytes, &ev);
+  if (rc < 0) {
+    cap__dev_free(c, dev);
+    return rc;
+  }
+  t->dev = dev;
+  t->ev = ev;
+  t->state = CAP__T_IN;
+  t->in_start_ns = cap__now_ns(c);
+  double gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1.0;
+  t->in_est_end_ns = t->in_start_ns + (int64_t)((double)t->bytes / gbps);
+  c->it.bytes_in += t->bytes;
+  atomic_fetch_add(&c->ctr.bytes_in, t->bytes);
+  return 0;
+}
+
+static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {
+  if (stall <= 0)
+    return;
+  c->it.stalls++;
+  c->it.stall_ns += stall;
+  atomic_fetch_add(&c->ctr.stalls, 1);
+  atomic_fetch_add(&c->ctr.stall_ns, stall);
+  cap__tensor_t *t = &c->tensors[id];
+  if (c->mode != CAP_MODE_GUIDED || t->out_action == CAP_NONE)
+    return;
+  if (c->n_fb == c->cap_fb) {
+    uint32_t n = c->cap_fb ? c->cap_fb * 2 : 64;
+    cap_feedback_t *f = realloc(c->fb, (size_t)n * sizeof *f);
+    if (!f)
+      return; /* feedback is advisory */
+    c->fb = f;
+    c->cap_fb = n;
+  }
+  c->fb[c->n_fb++] = (cap_feedback_t){id, t->n_access + 1, stall};
+}
+
+/* The compute stream waits for a swap-in; the host buffer goes once the copy
+ * is done. A failed copy is retried once synchronously (the host copy is
+ * still good). */
+static int swap_in_finish(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  int64_t stall = 0;
+  int st = cap__ev_query(c, t->ev);
+  if (st == 0) {
+    int64_t t0 = cap__now_ns(c);
+    st = cap__ev_compute_wait(c, t->ev);
+    int64_t now = cap__now_ns(c);
+    stall = cap__dev_host_compute(c) ? now - t0 : t->in_est_end_ns - now;
+  }
+  if (st < 0) {
+    cap__ev_release(c, t->ev);
+    t->ev = NULL;
+    cap__ev_t *ev = NULL;
+    int rc = cap__copy_h2d(c, t->dev, t->host, t->bytes, &ev);
+    if (rc == 0) {
+      rc = cap__ev_sync(c, ev);
+      cap__ev_release(c, ev);
+    }
+    if (rc < 0) {
+      cap__dev_free(c, t->dev);
+      t->dev = NULL;
+      t->state = CAP__T_HOST;
+      cap__set_error(c, "tensor %u: copy to the device failed twice", id);
+      return CAP_EDEVICE;
+    }
+    c->it.fallbacks++;
+    atomic_fetch_add(&c->ctr.fallbacks, 1);
+    t->ev = NULL;
+    cap__host_free(c, t->host, t->bytes);
+  } else if (retire_push(c, t->ev, NULL, t->host, t->bytes, CAP_NONE) < 0) {
+    cap__ev_sync(c, t->ev);
+    cap__ev_release(c, t->ev);
+    cap__host_free(c, t->host, t->bytes);
+  }
+  t->ev = NULL;
+  t->host = NULL;
+  t->state = CAP__T_DEVICE;
+  note_stall(c, id, stall);
+  return 0;
+}
+
+static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
+
+/* Replay the lineage ops of a dropped tensor through the framework. */
+static int recompute(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  const cap__xplan_t *x = &c->x;
+  if (!x->plan || t->out_action >= x->plan->n_actions || !c->recompute ||
+      !c->log_last_valid || c->recompute_depth > 32)
+    return CAP_ERECOMPUTE;
+  const cap_action_t *a = &x->plan->actions[t->out_action];
+  const uint32_t *ops = cap_action_recompute_ops(x->plan, a);
+  int rc = 0;
+  c->recompute_depth++;
+  for (uint32_t i = 0; i < a->n_recompute && rc == 0; i++) {
+    if (ops[i] >= c->log_last.n_ops) {
+      rc = CAP_ERECOMPUTE;
+      break;
+    }
+    const cap__oplog_op_t *op = &c->log_last.ops[ops[i]];
+    const uint32_t *ids = c->log_last.ids + op->off;
+    uint32_t n = op->n_in + op->n_out;
+    void **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    uint8_t *temp = calloc(n ? n : 1, 1);
+    if (!ptrs || !temp) {
+      free(ptrs);
+      free(temp);
+      rc = CAP_ENOMEM;
+      break;
+    }
+    uint32_t done = 0;
+    for (; done < n; done++) {
+      uint32_t tid = ids[done];
+      if (tid >= c->n_tensors) {
+        rc = CAP_ERECOMPUTE;
+        break;
+      }
+      cap__tensor_t *u = &c->tensors[tid];
+      bool is_out = done >= op->n_in;
+      bool in_too = false;
+      for (uint32_t j = 0; j < op->n_in && is_out; j++)
+        in_too |= ids[j] == tid;
+      if (!is_out || in_too) {
+        if (u->state == CAP__T_UNUSED || u->state == CAP__T_DECLARED) {
+          rc = CAP_ERECOMPUTE; /* an input that no longer exists */
+          break;
+        }
+        if (is_out) {
+          ptrs[done] = u->dev;
+          u->pinned++;
+          continue;
+        }
+        rc = ensure_resident(c, tid, false);
+        if (rc < 0)
+          break;
+        ptrs[done] = u->dev;
+        u->pinned++;
+      } else if (tid == id || u->state == CAP__T_DROPPED) {
+        void *p = NULL;
+        rc = cap__alloc_for(c, u->bytes, &p, true);
+        if (rc < 0)
+          break;
+        u->dev = p;
+        u->state = CAP__T_DEVICE; /* filled by the callback below */
+        u->pinned++;
+        ptrs[done] = p;
+        temp[done] = 2;
+      } else {
+        /* Other outputs are temporaries: the live tensor is not touched. */
+        void *p = NULL;
+        rc = cap__alloc_for(c, u->bytes ? u->bytes : 1, &p, true);
+        if (rc < 0)
+          break;
+        ptrs[done] = p;
+        temp[done] = 1;
+        u->pinned++;
+      }
+    }
+    if (rc == 0) {
+      int cb = c->recompute(c->recompute_user, ops[i], op->name, ids, ptrs,
+                            op->n_in, ids + op->n_in, ptrs + op->n_in,
+                            op->n_out);
+      if (cb < 0) {
+        cap__set_error(c, "recompute callback failed on op %u (%s): %d",
+                       ops[i], op->name ? op->name : "?", cb);
+        rc = CAP_ERECOMPUTE;
+      } else {
+        c->it.recomputed_ops++;
+        atomic_fetch_add(&c->ctr.recomputed_ops, 1);
+      }
+    }
+    for (uint32_t j = 0; j < done; j++) {
+      cap__tensor_t *u = &c->tensors[ids[j]];
+      if (u->pinned)
+        u->pinned--;
+      if (temp[j] == 1) {
+        cap__dev_free(c, ptrs[j]);
+      } else if (temp[j] == 2 && rc < 0) {
+        cap__dev_free(c, u->dev);
+        u->dev = NULL;
+        u->state = ids[j] == id ? CAP__T_DROPPED : CAP__T_DROPPED;
+      } else if (temp[j] == 2) {
+        u->lru = ++c->tick;
+      }
+    }
+    free(ptrs);
+    free(temp);
+  }
+  c->recompute_depth--;
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  if (rc == 0 && t->state != CAP__T_DEVICE)
+    rc = CAP_ERECOMPUTE;
+  return rc < 0 ? CAP_ERECOMPUTE : 0;
+}
+
+static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
+  cap__tensor_t *t = &c->tensors[id];
+  int rc;
+  switch (t->state) {
+  case CAP__T_DEVICE:
+    return 0;
+  case CAP__T_DECLARED:
+  case CAP__T_LOST: {
+    void *p = NULL;
+    rc = cap__alloc_for(c, t->bytes ? t->bytes : 1, &p, true);
+    if (rc < 0)
+      return rc;
+    t->dev = p;
+    bool lost = t->state == CAP__T_LOST;
+    t->state = CAP__T_DEVICE;
+    if (lost && !is_output) {
+      cap__set_error(c, "tensor %u: contents were lost (failed recompute)", id);
+      return CAP_ERECOMPUTE;
+    }
+    return 0;
+  }
+  case CAP__T_OUT: {
+    /* Accessed while its swap-out runs: keep the device copy. The copy
+     * still reads it, so wait for the copy before the op may write. */
+    cap__retire_t *r = retire_of(c, id);
+    if (r) {
+      int64_t t0 = cap__now_ns(c);
+      int st = cap__ev_sync(c, r->ev);
+      (void)st;
+      note_stall(c, id, cap__now_ns(c) - t0);
+      r->tensor = CAP_NONE;
+      r->dev = NULL;
+      r->host = t->host;
+      r->host_bytes = t->bytes;
+    }
+    t->host = NULL;
+    t->state = CAP__T_DEVICE;
+    return 0;
+  }
+  case CAP__T_HOST:
+    rc = swap_in_start(c, id, true);
+    if (rc < 0)
+      return rc;
+    /* fall through */
+  case CAP__T_IN:
+    return swap_in_finish(c, id);
+  case CAP__T_DROPPED:
+    rc = recompute(c, id);
+    if (rc < 0) {
+      /* The data is gone: the access fails, later iterations swap this
+       * tensor instead (fallback), and it gets fresh memory. */
+      if (c->x.plan && t->out_action < c->x.plan->n_actions)
+        c->x.fallback[t->out_action] = 1;
+      c->it.fallbacks++;
+      atomic_fetch_add(&c->ctr.fallbacks, 1);
+      t->state = CAP__T_LOST;
+      return CAP_ERECOMPUTE;
+    }
+    return 0;
+  default:
+    cap__set_error(c, "tensor %u is not live", id);
+    return CAP_EINVAL;
+  }
+}
+
+/* --- Hot path --------------------------------------------------------------- */
+
+static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
+  for (uint32_t i = 0; i < s->n_trig; i++) {
+    uint32_t ai = c->x.trig[s->trig_off + i];
+    const cap_action_t *a = &c->x.plan->actions[ai];
+    cap__tensor_t *u = &c->tensors[a->tensor];
+    if (u->state == CAP__T_OUT) {
+      /* Its swap-out is still running: finish it first (rare; the plan put
+       * the trigger before the swap-out's end). */
+      cap__retire_t *r = retire_of(c, a->tensor);
+      if (!r)
+        continue;
+      int st = cap__ev_sync(c, r->ev);
+      retire_finish(c, r, st < 0 ? st : 1);
+      *r = c->retire[--c->n_retire];
+    }
+    if (u->state != CAP__T_HOST || u->out_action != ai)
+      continue;
+    /* A prefetch never evicts others: if it does not fit now it becomes an
+     * on-demand copy at the back-access. */
+    (void)swap_in_start(c, a->tensor, false);
+  }
+}
+
+int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
+                  uint32_t n_in, const uint32_t *out, uint32_t n_out,
+                  void **in_ptrs, void **out_ptrs) {
+  if (!c->in_iter || c->op_open) {
+    cap__set_error(c, c->op_open ? "op begin: an op is already open"
+                                 : "op begin outside an iteration");
+    return CAP_ESTATE;
+  }
+  if (!name || !*name || n_in > CAP__MAX_OP_TENSORS ||
+      n_out > CAP__MAX_OP_TENSORS || (n_in && !in) || (n_out && !out)) {
+    cap__set_error(c, "op begin: bad arguments");
+    return CAP_EINVAL;
+  }
+  /* Unique tensors of the op: an op listing one on both sides is one
+   * access. pinned doubles as the "already seen" mark. */
+  uint32_t nu = 0;
+  int rc = 0;
+  for (uint32_t i = 0; i < n_in + n_out; i++) {
+    uint32_t id = i < n_in ? in[i] : out[i - n_in];
+    if (id >= c->n_tensors || c->tensors[id].state == CAP__T_UNUSED) {
+      cap__set_error(c, "op %s: tensor %u is not live", name, id);
+      rc = CAP_EINVAL;
+      goto out_unpin;
+    }
+    cap__tensor_t *t = &c->tensors[id];
+    if (t->pinned && i >= n_in) {
+      bool dup = false;
+      for (uint32_t j = 0; j < nu && !dup; j++)
+        dup = c->op_ids[j] == id;
+      if (dup)
+        continue;
+    } else if (t->pinned) {
+      bool dup = false;
+      for (uint32_t j = 0; j < nu && !dup; j++)
+        dup = c->op_ids[j] == id;
+      if (dup)
+        continue;
+    }
+    t->pinned++;
+    c->op_ids[nu++] = id;
+  }
+  if (c->x.plan && c->mode == CAP_MODE_GUIDED) {
+    for (uint32_t i = 0; i < nu; i++) {
+      const cap__slot_t *s =
+          slot_at(&c->x, c->op_ids[i], c->tensors[c->op_ids[i]].n_access + 1);
+      if (s && s->n_trig)
+        start_prefetches(c, s);
+    }
+  }
+  for (uint32_t i = 0; i < nu; i++) {
+    uint32_t id = c->op_ids[i];
+    if (c->tensors[id].state != CAP__T_DEVICE) {
+      bool is_out = false;
+      for (uint32_t j = 0; j < n_out && !is_out; j++)
+        is_out = out[j] == id;
+      rc = ensure_resident(c, id, is_out);
+      if (rc < 0)
+        goto out_unpin;
+    }
+  }
+  for (uint32_t i = 0; i < nu; i++) {
+    cap__tensor_t *t = &c->tensors[c->op_ids[i]];
+    t->n_access++;
+    t->lru = ++c->tick;
+  }
+  if (in_ptrs)
+    for (uint32_t i = 0; i < n_in; i++)
+      in_ptrs[i] = c->tensors[in[i]].dev;
+  if (out_ptrs)
+    for (uint32_t i = 0; i < n_out; i++)
+      out_ptrs[i] = c->tensors[out[i]].dev;
+  if (cap__oplog_add(&c->log_cur, name, in, n_in, out, n_out) < 0)
+    c->log_cur.n_ops = UINT32_MAX / 2; /* mark unusable; see iteration end */
+  c->op_n_unique = nu;
+  c->op_name = name;
+  c->op_in = in;
+  c->op_out = out;
+  c->op_n_in = n_in;
+  c->op_n_out = n_out;
+  c->op_open = true;
+  c->op_start_ns = cap__now_ns(c);
+  return 0;
+out_unpin:
+  for (uint32_t i = 0; i < nu; i++)
+    if (c->tensors[c->op_ids[i]].pinned)
+      c->tensors[c->op_ids[i]].pinned--;
+  return rc;
+}
+
+int cap__op_end(cap_client_t *c) {
+  if (!c->op_open) {
+    cap__set_error(c, "op end without op begin");
+    return CAP_ESTATE;
+  }
+  int64_t t1 = cap__now_ns(c);
+  if (c->recording) {
+    int64_t base = c->iter_start_ns;
+    int64_t s = c->op_start_ns - base, e = t1 - base;
+    if (s < 0)
+      s = 0;
+    if (e < s)
+      e = s;
+    if (!cap__rec_op(c, c->op_seq, s, e, c->op_name, c->op_in, c->op_n_in,
+                     c->op_out, c->op_n_out))
+      c->it.dropped_records++;
+  }
+  c->op_open = false;
+  c->op_seq++;
+  bool guided = c->x.plan && c->mode == CAP_MODE_GUIDED;
+  for (uint32_t i = 0; i < c->op_n_unique; i++) {
+    uint32_t id = c->op_ids[i];
+    cap__tensor_t *t = &c->tensors[id];
+    if (t->pinned)
+      t->pinned--;
+    if (!guided)
+      continue;
+    const cap__slot_t *s = slot_at(&c->x, id, t->n_access);
+    if (!s || s->evict == CAP_NONE || t->state != CAP__T_DEVICE || t->pinned)
+      continue;
+    uint32_t ai = s->evict;
+    const cap_action_t *a = &c->x.plan->actions[ai];
+    if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {
+      cap__dev_free(c, t->dev);
+      t->dev = NULL;
+      t->state = CAP__T_DROPPED;
+      t->out_action = ai;
+      c->it.evictions++;
+      atomic_fetch_add(&c->ctr.evictions, 1);
+      atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+    } else if (swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0) < 0) {
+      /* No pinned memory or the copy refused: keep it on the device. */
+      c->it.fallbacks++;
+      atomic_fetch_add(&c->ctr.fallbacks, 1);
+    }
+  }
+  if (c->n_retire)
+    cap__reap(c, false);
+  return 0;
+}
+
+int cap__release_tensor(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  switch (t->state) {
+  case CAP__T_DEVICE:
+  case CAP__T_LOST:
+    if (t->dev)
+      cap__dev_free(c, t->dev);
+    break;
+  case CAP__T_OUT: {
+    cap__retire_t *r = retire_of(c, id);
+    if (r) {
+      r->tensor = CAP_NONE;
+      r->host = t->host;
+      r->host_bytes = t->bytes;
+    }
+    break;
+  }
+  case CAP__T_HOST:
+    cap__host_free(c, t->host, t->bytes);
+    break;
+  case CAP__T_IN:
+    if (retire_push(c, t->ev, t->dev, t->host, t->bytes, CAP_NONE) < 0) {
+      cap__ev_sync(c, t->ev);
+      cap__ev_release(c, t->ev);
+      cap__dev_free(c, t->dev);
+      cap__host_free(c, t->host, t->bytes);
+    }
+    break;
+  default:
+    break;
+  }
+  t->dev = NULL;
+  t->host = NULL;
+  t->ev = NULL;
+  t->state = CAP__T_UNUSED;
+  t->pinned = 0;
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  return 0;
+}
