@@ -240,8 +240,11 @@ static void print_table(const cap_qtable_t *t, FILE *f) {
     }
   for (int c = 0; c < t->n_cols; c++) {
     const char *title = t->cols[c].title ? t->cols[c].title : t->cols[c].name;
-    fprintf(f, c ? "  %*s" : "%*s",
-            right_aligned(t->cols[c].kind) ? w[c] : -w[c], title);
+    if (c == t->n_cols - 1 && !right_aligned(t->cols[c].kind))
+      fprintf(f, c ? "  %s" : "%s", title); /* no trailing spaces */
+    else
+      fprintf(f, c ? "  %*s" : "%*s",
+              right_aligned(t->cols[c].kind) ? w[c] : -w[c], title);
   }
   fputc('\n', f);
   for (int c = 0; c < t->n_cols; c++) {

@@ -11,11 +11,13 @@
 #define H 700
 #define ML 100 /* margins of the plot area */
 #define MR 40
-#define MT 96
+#define MT 112
 #define MB 76
 #define PW (W - ML - MR)
 #define PH (H - MT - MB)
 #define FONT "DejaVu Sans, Helvetica, Arial, sans-serif"
+/* Labels over curves get a white halo so they stay readable. */
+#define HALO "stroke=\"#ffffff\" stroke-width=\"3.5\" paint-order=\"stroke\" stroke-linejoin=\"round\""
 
 #define C_UNMANAGED "#80868b"
 #define C_PLANNED "#1a73e8"
@@ -126,8 +128,8 @@ static void peak_marker(FILE *f, const scale_t *s, const cap_curve_t *c,
           mx, my, color);
   fprintf(f,
           "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12.5\" fill=\"%s\" "
-          "font-weight=\"bold\" text-anchor=\"%s\">%s peak %s MiB at %.1f "
-          "ms</text>\n",
+          "font-weight=\"bold\" text-anchor=\"%s\" " HALO ">%s peak %s MiB "
+          "at %.1f ms</text>\n",
           mx + (right ? -8 : 8), my + (above ? -9 : 17), color,
           right ? "end" : "start", what, n, (double)c->peak_t_ns / 1e6);
 }
@@ -136,7 +138,7 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   if (!f || !tl || !tl->unmanaged || tl->unmanaged->n_points == 0)
     return CAP_EINVAL;
   const cap_curve_t *um = tl->unmanaged, *pl = tl->planned;
-  char a[32], b[32];
+  char a[32];
 
   /* Scales: time to the longer iteration, memory to the highest of the
    * peaks and the budget, with headroom for the labels. */
@@ -167,12 +169,12 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   xml_text(f, tl->title);
   fputs("</title>\n", f);
   fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
-  fprintf(f, "<text x=\"%d\" y=\"38\" font-size=\"21\" font-weight=\"bold\" "
+  fprintf(f, "<text x=\"%d\" y=\"34\" font-size=\"21\" font-weight=\"bold\" "
              "fill=\"#202124\">", ML);
   xml_text(f, tl->title);
   fputs("</text>\n", f);
   if (tl->subtitle) {
-    fprintf(f, "<text x=\"%d\" y=\"64\" font-size=\"13.5\" fill=\"#5f6368\">",
+    fprintf(f, "<text x=\"%d\" y=\"58\" font-size=\"13.5\" fill=\"#5f6368\">",
             ML);
     xml_text(f, tl->subtitle);
     fputs("</text>\n", f);
@@ -241,7 +243,8 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
             "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" "
-            "text-anchor=\"end\">persistent (weights, inputs) %s MiB</text>\n",
+            "text-anchor=\"end\" " HALO ">persistent (weights, inputs) %s "
+            "MiB</text>\n",
             ML, y, ML + PW, y, C_FLOOR, ML + PW - 6, y - 6, C_FLOOR, a);
   }
   if (tl->budget_bytes) {
@@ -251,8 +254,8 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"2\" stroke-dasharray=\"9 5\"/>\n"
             "<text x=\"%d\" y=\"%.1f\" font-size=\"12.5\" font-weight=\"bold\" "
-            "fill=\"%s\" text-anchor=\"end\">budget %s MiB</text>\n",
-            ML, y, ML + PW, y, C_BUDGET, ML + PW - 6, y - 7, C_BUDGET, a);
+            "fill=\"%s\" " HALO ">budget %s MiB</text>\n",
+            ML, y, ML + PW, y, C_BUDGET, ML + 8, y - 7, C_BUDGET, a);
   }
 
   /* Peaks. The planned one is labelled below its marker when it sits
@@ -261,48 +264,40 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   if (pl && pl->n_points)
     peak_marker(f, &s, pl, C_PLANNED, "planned", false);
 
-  /* Legend, top right inside the plot. */
-  int lw = 300, lx = ML + PW - lw - 12, ly = MT + 12;
-  int rows = 1 + (pl != NULL) + (tl->budget_bytes != 0) +
-             (tl->persistent_bytes != 0);
-  fprintf(f,
-          "<g font-size=\"13\" fill=\"#202124\">\n"
-          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" rx=\"4\" "
-          "fill=\"#ffffff\" fill-opacity=\"0.92\" stroke=\"#dadce0\"/>\n",
-          lx, ly, lw, 14 + rows * 22);
-  int y = ly + 24;
-  fmt_num(a, sizeof a, (double)um->peak_bytes / 1048576.0);
+  /* Legend: one row between the subtitle and the plot, clear of every
+   * curve and label. */
+  int x = ML, y = MT - 22;
+  fputs("<g font-size=\"13\" fill=\"#202124\">\n", f);
   fprintf(f,
           "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"10\" fill=\"%s\" "
           "fill-opacity=\"0.35\" stroke=\"%s\"/>\n<text x=\"%d\" y=\"%d\">"
-          "unmanaged (measured)</text>\n",
-          lx + 12, y - 9, C_UNMANAGED, C_UNMANAGED, lx + 42, y);
-  y += 22;
+          "unmanaged (measured profile)</text>\n",
+          x, y - 9, C_UNMANAGED, C_UNMANAGED, x + 30, y);
+  x += 250;
   if (pl) {
     fprintf(f,
             "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"10\" fill=\"%s\" "
             "fill-opacity=\"0.3\" stroke=\"%s\" stroke-width=\"1.5\"/>\n"
             "<text x=\"%d\" y=\"%d\">planned (simulated)</text>\n",
-            lx + 12, y - 9, C_PLANNED, C_PLANNED, lx + 42, y);
-    y += 22;
+            x, y - 9, C_PLANNED, C_PLANNED, x + 30, y);
+    x += 190;
   }
   if (tl->budget_bytes) {
     fprintf(f,
             "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
             "stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n"
             "<text x=\"%d\" y=\"%d\">memory budget</text>\n",
-            lx + 12, y - 4, lx + 34, y - 4, C_BUDGET, lx + 42, y);
-    y += 22;
+            x, y - 4, x + 22, y - 4, C_BUDGET, x + 30, y);
+    x += 160;
   }
   if (tl->persistent_bytes) {
     fprintf(f,
             "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
             "<text x=\"%d\" y=\"%d\">persistent bytes</text>\n",
-            lx + 12, y - 4, lx + 34, y - 4, C_FLOOR, lx + 42, y);
+            x, y - 4, x + 22, y - 4, C_FLOOR, x + 30, y);
   }
   fputs("</g>\n", f);
-  (void)b;
   fputs("</svg>\n", f);
   return ferror(f) ? CAP_EIO : 0;
 }

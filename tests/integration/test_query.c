@@ -495,7 +495,7 @@ int main(void) {
   cap_plan_destroy(p1);
   cap_plan_destroy(p2);
   cap_profile_destroy(prof);
-  if (!cap_test_failed) {
+  if (!cap_test_failed && !getenv("CAP_TEST_KEEP")) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
