@@ -317,7 +317,7 @@ int cap_client_free(cap_client_t *c, uint32_t id) {
   }
   cap__release_tensor(c, id);
   if (c->recording && c->in_iter) {
-    int64_t t = cap__now_ns(c) - c->iter_start_ns;
+    int64_t t = cap__now_ns(c) - c->iter_start_ns - c->it.stall_ns;
     if (!cap__rec_free(c, id, t < 0 ? 0 : t))
       c->it.dropped_records++;
   }
@@ -548,6 +548,22 @@ void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
   st->h2d_gbps = c->h2d_gbps;
   st->d2h_gbps = c->d2h_gbps;
   st->duplex_gbps = c->duplex_gbps;
+}
+
+int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan) {
+  if (!c || !plan)
+    return CAP_EINVAL;
+  cap_plan_t *p = cap_plan_clone(plan);
+  if (!p)
+    return CAP_ENOMEM;
+  pthread_mutex_lock(&c->mu);
+  cap_plan_destroy(c->pending_plan);
+  c->pending_plan = p;
+  if (p->version > c->received_version)
+    c->received_version = p->version;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return 0;
 }
 
 int64_t cap_client_plan_predicted_ns(cap_client_t *c) {

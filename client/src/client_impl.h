@@ -199,7 +199,7 @@ struct cap_client {
   /* Device. */
   cap__dev_t *dev;
   char backend[16];
-  char device_name[64];
+  char device_name[128];
   uint64_t device_total_bytes;
   double h2d_gbps, d2h_gbps, duplex_gbps;
   uint32_t fault_alloc_nth;

@@ -752,7 +752,9 @@ int cap__op_end(cap_client_t *c) {
   }
   int64_t t1 = cap__now_ns(c);
   if (c->recording) {
-    int64_t base = c->iter_start_ns;
+    /* The profile is the framework's timeline: time the client itself
+     * stalled (passive swapping) is taken out. */
+    int64_t base = c->iter_start_ns + c->it.stall_ns;
     int64_t s = c->op_start_ns - base, e = t1 - base;
     if (s < 0)
       s = 0;

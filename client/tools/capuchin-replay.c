@@ -110,6 +110,7 @@ static int on_recompute(void *user, uint32_t seq, const char *name,
 
 typedef struct row {
   cap_iter_stats_t st;
+  int64_t predicted_ns;
   int64_t mismatches, errors;
 } row_t;
 
@@ -121,21 +122,23 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            ",\"peak_bytes\":%" PRIu64 ",\"bytes_out\":%" PRIu64
            ",\"bytes_in\":%" PRIu64 ",\"recomputed_ops\":%u,\"stall_ns\":%" PRId64
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
-           ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64 "}",
+           ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
+           ",\"predicted_ns\":%" PRId64 "}",
            first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
            s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
            s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
-           s->fallbacks, s->dropped_records);
+           s->fallbacks, s->dropped_records, w->predicted_ns);
   } else {
     if (first)
-      printf("%4s %-8s %10s %10s %10s %10s %6s %9s %4s %10s\n", "iter", "mode",
-             "time_ms", "peak_MiB", "out_MiB", "in_MiB", "recomp", "stall_ms",
-             "plan", "mismatches");
-    printf("%4u %-8s %10.2f %10.1f %10.1f %10.1f %6u %9.2f %4u %10" PRId64 "%s\n",
+      printf("%4s %-8s %10s %10s %10s %10s %6s %9s %4s %10s %10s\n", "iter",
+             "mode", "time_ms", "peak_MiB", "out_MiB", "in_MiB", "recomp",
+             "stall_ms", "plan", "mismatches", "pred_ms");
+    printf("%4u %-8s %10.2f %10.1f %10.1f %10.1f %6u %9.2f %4u %10" PRId64
+           " %10.2f%s\n",
            s->iteration, cap_mode_name(s->mode), s->time_ns / 1e6,
            s->peak_bytes / 1048576.0, s->bytes_out / 1048576.0,
            s->bytes_in / 1048576.0, s->recomputed_ops, s->stall_ns / 1e6,
-           s->plan_version, w->mismatches,
+           s->plan_version, w->mismatches, w->predicted_ns / 1e6,
            w->errors ? "  (errors)" : "");
   }
   fflush(stdout);
@@ -244,6 +247,7 @@ static int run_iteration(replay_t *r, row_t *row) {
   for (uint32_t id = 0; id < p->n_tensors; id++)
     if (p->tensors[id].kind == CAP_KIND_ACTIVATION)
       (void)cap_client_free(c, id); /* swapped-out or dropped leftovers */
+  row->predicted_ns = cap_client_plan_predicted_ns(c);
   rc = cap_client_iteration_end(c, &row->st);
   row->mismatches = r->mismatches;
   row->errors = r->errors;

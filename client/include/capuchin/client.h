@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "capuchin/error.h"
+#include "capuchin/plan.h"    /* cap_plan_t */
 #include "capuchin/profile.h" /* cap_tensor_kind_t, CAP_NONE */
 
 #ifdef __cplusplus
@@ -245,12 +246,19 @@ typedef struct cap_client_stats {
   bool connected;                /* reporter has a live session */
   uint32_t reconnects;           /* successful connections after the first */
   char backend[16];              /* "sim" / "cuda" */
-  char device_name[64];
+  char device_name[128];
   double h2d_gbps, d2h_gbps, duplex_gbps; /* measured at create */
 } cap_client_stats_t;
 
 /* Snapshot of the counters. Any thread (counters read atomically). */
 void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st);
+
+/* Install a plan without the daemon (one emitted by capuchin-sim
+ * --emit-plan, or stored by capuchind): a copy takes effect at the next
+ * iteration boundary, exactly like a plan the daemon pushes; a later plan
+ * from the daemon replaces it. Tensor ids and op seqs must be this job's.
+ * Owner thread. */
+int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan);
 
 /* Predicted iteration time of the installed plan (the daemon's simulator),
  * 0 when none. Owner thread. */
