@@ -56,6 +56,7 @@ typedef struct task {
   int64_t plan_id;
   bool reused;
   bool infeasible;
+  int planner_failed; /* CAP_E* from the planner, 0 if it worked */
   uint64_t best_peak;
   uint64_t plan_us;
 } task_t;
@@ -154,10 +155,10 @@ static void find_or_compute(task_t *t, const cap_profile_t *p) {
     return;
   }
   if (rc != 0) {
+    /* The daemon's failure, not the client's: the job keeps running in
+     * passive mode and is told its budget. */
     cap_plan_destroy(plan);
-    t->rc = rc;
-    snprintf(t->err, sizeof t->err, "planner '%s': %s", t->planner,
-             cap_strerror(rc));
+    t->planner_failed = rc;
     return;
   }
   plan->version = t->base_version + 1;
@@ -293,6 +294,10 @@ static void work_cb(uv_work_t *req) {
     uint64_t t0 = cap__now_ns();
     rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
     t->plan_us = (cap__now_ns() - t0) / 1000;
+    if (rc && rc != CAP_EINVAL) {
+      t->planner_failed = rc;
+      return;
+    }
     if (rc) {
       t->rc = rc;
       snprintf(t->err, sizeof t->err,
@@ -329,6 +334,19 @@ static void finish_plan(cap__session_t *s, task_t *t) {
                " us", s->local_id, t->plan_us);
     cap__session_install_plan(s, t->plan, t->plan_id);
     t->plan = NULL;
+  } else if (t->planner_failed) {
+    cap__log(CAP_LOG_ERROR,
+             "session %" PRIu64 " (job '%s'): planner '%s' failed: %s; the "
+             "client stays in passive mode",
+             s->local_id, s->job_name, t->planner,
+             cap_strerror(t->planner_failed));
+    Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
+    bu.has_budget_bytes = 1;
+    bu.budget_bytes = t->budget;
+    bu.reason = "no plan: planner failed";
+    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+    cap_proto_envelope_set(&env, &bu);
+    cap__session_send_env(s, &env);
   } else if (t->infeasible) {
     cap__log(CAP_LOG_WARN,
              "session %" PRIu64 " (job '%s'): no plan fits budget %" PRIu64
