@@ -171,12 +171,27 @@ bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b) {
   return c->gap_state[t->access_off + i - 1] == GAP_FREE;
 }
 
-bool cap__evictable(const cap__ctx_t *c, uint32_t x, uint32_t a, uint32_t b) {
+uint32_t cap__evicting_choice(const cap__ctx_t *c, uint32_t x, uint32_t b) {
+  const cap_profile_t *p = c->p;
+  const cap_tensor_t *t = &p->tensors[x];
+  if (t->n_accesses == 0 || p->access_ops[t->access_off] >= b ||
+      c->live_end[x] <= b)
+    return CAP_NONE;
+  uint32_t i = access_lower(p, x, b);
+  if (i == 0 || i >= t->n_accesses ||
+      c->gap_state[t->access_off + i - 1] == GAP_FREE)
+    return CAP_NONE;
+  return c->slot_choice[t->access_off + i - 1];
+}
+
+uint32_t cap__first_use(const cap__ctx_t *c, uint32_t x, uint32_t a,
+                        uint32_t b) {
   const cap__u32vec_t *u = &c->uses[x];
+  uint32_t best = CAP_NONE;
   for (uint32_t i = 0; i < u->n; i++)
-    if (u->v[i] > a && u->v[i] <= b)
-      return false;
-  return true;
+    if (u->v[i] > a && u->v[i] <= b && (best == CAP_NONE || u->v[i] < best))
+      best = u->v[i];
+  return best;
 }
 
 uint32_t cap__version_before(const cap__ctx_t *c, uint32_t x, uint32_t op) {
@@ -219,14 +234,18 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
   c->base_mem = calloc((size_t)n + 1, sizeof *c->base_mem);
   c->mod_off = calloc((size_t)nt + 1, sizeof *c->mod_off);
   c->gap_state = calloc((size_t)p->n_accesses + 1, 1);
+  c->slot_choice = calloc((size_t)p->n_accesses + 1, sizeof *c->slot_choice);
   c->uses = calloc((size_t)nt + 1, sizeof *c->uses);
   c->mark = calloc((size_t)nt + 1, sizeof *c->mark);
   c->mark_ver = calloc((size_t)nt + 1, sizeof *c->mark_ver);
   c->opmark = calloc((size_t)n + 1, sizeof *c->opmark);
+  c->d2h_head = malloc(((size_t)n + 1) * sizeof *c->d2h_head);
   if (!c->op_start || !c->op_end || !c->live_end || !c->base_mem ||
-      !c->mod_off || !c->gap_state || !c->uses || !c->mark || !c->mark_ver ||
-      !c->opmark)
+      !c->mod_off || !c->gap_state || !c->slot_choice || !c->uses || !c->mark || !c->mark_ver ||
+      !c->opmark || !c->d2h_head)
     goto out_fail;
+  for (uint32_t i = 0; i <= n; i++)
+    c->d2h_head[i] = CAP_NONE;
   for (uint32_t i = 0; i < n; i++) {
     c->op_start[i] = p->ops[i].start_ns;
     c->op_end[i] = p->ops[i].end_ns;
@@ -336,12 +355,15 @@ void cap__ctx_close(cap__ctx_t *c) {
   free(c->mod_off);
   free(c->mods);
   free(c->gap_state);
+  free(c->slot_choice);
+  free(c->restored.v);
   free(c->gaps);
   free(c->ch);
   free(c->rc_ops);
   free(c->mark);
   free(c->mark_ver);
   free(c->opmark);
+  free(c->d2h_head);
   free(c->list.v);
   free(c->stack.v);
   free(c->stack_ver.v);

@@ -41,18 +41,22 @@ static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   return 0;
 }
 
-static int take_swap(cap__ctx_t *c, uint32_t gi, const cap__swap_eval_t *ev) {
-  const cap__gap_t *g = &c->gaps[gi];
+static int take_swap(cap__ctx_t *c, uint32_t gi, const cap__gap_t *g,
+                     const cap__swap_eval_t *ev) {
   cap__choice_t ch = {.gap = gi,
                       .method = CAP_METHOD_SWAP,
                       .trig_op = ev->trig_op,
                       .save_lo = ev->save_lo,
                       .save_hi = ev->save_hi,
+                      .in_end = ev->in_end,
+                      .in_start = ev->in_start,
+                      .out_end = ev->out_end,
                       .cost_ns = ev->stall_ns};
   int rc = push_choice(c, &ch);
   if (rc)
     return rc;
-  cap__ft_commit(c, g, ev);
+  cap__ft_commit(c, g, ev, c->n_ch - 1);
+  c->slot_choice[c->p->tensors[g->tensor].access_off + g->k - 1] = c->n_ch - 1;
   c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] = GAP_SWAP;
   cap__memtree_add(&c->mem, ev->save_lo, ev->save_hi,
                    -(int64_t)c->p->tensors[g->tensor].bytes);
@@ -60,9 +64,8 @@ static int take_swap(cap__ctx_t *c, uint32_t gi, const cap__swap_eval_t *ev) {
 }
 
 /* Take the recompute of gap gi whose list is in c->list. */
-static int take_recompute(cap__ctx_t *c, uint32_t gi, int64_t cost,
-                          int64_t extra) {
-  const cap__gap_t *g = &c->gaps[gi];
+static int take_recompute(cap__ctx_t *c, uint32_t gi, const cap__gap_t *g,
+                          int64_t cost, int64_t extra) {
   if (c->n_rc_ops + c->list.n > c->cap_rc_ops) {
     uint32_t cap = c->cap_rc_ops ? c->cap_rc_ops : 256;
     while (cap < c->n_rc_ops + c->list.n)
@@ -94,6 +97,16 @@ static int take_recompute(cap__ctx_t *c, uint32_t gi, int64_t cost,
   if (rc)
     return rc;
   c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] = GAP_RECOMPUTE;
+  c->slot_choice[c->p->tensors[g->tensor].access_off + g->k - 1] = c->n_ch - 1;
+  /* tensors this replay brings back stay from op b on */
+  for (uint32_t i = 0; i < c->restored.n; i++) {
+    cap__choice_t *r = &c->ch[c->restored.v[i]];
+    if (r->save_hi > g->b) {
+      cap__memtree_add(&c->mem, g->b, r->save_hi,
+                       (int64_t)c->p->tensors[c->gaps[r->gap].tensor].bytes);
+      r->save_hi = g->b;
+    }
+  }
   cap__memtree_add(&c->mem, g->a + 1, g->b,
                    -(int64_t)c->p->tensors[g->tensor].bytes);
   cap__memtree_add(&c->mem, g->b, g->b + 1, extra);
@@ -103,6 +116,19 @@ static int take_recompute(cap__ctx_t *c, uint32_t gi, int64_t cost,
 static bool gap_free(const cap__ctx_t *c, const cap__gap_t *g) {
   return c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] ==
          GAP_FREE;
+}
+
+/* Gap gi as far as an eviction can reach now: a chosen recompute list that
+ * reads the tensor inside the gap brings it back there. False when nothing
+ * is left to free. */
+static bool eff_gap(const cap__ctx_t *c, uint32_t gi, cap__gap_t *eg) {
+  *eg = c->gaps[gi];
+  if (!gap_free(c, eg))
+    return false;
+  uint32_t u = cap__first_use(c, eg->tensor, eg->a, eg->b);
+  if (u != CAP_NONE)
+    eg->b = u;
+  return eg->b > eg->a + 1;
 }
 
 /* --- phase 1: hidden swaps by free time ------------------------------------ */
@@ -126,8 +152,9 @@ static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
       return 0;
     if (order[i].ft <= 0)
       break; /* cannot be hidden even with idle engines */
-    const cap__gap_t *g = &c->gaps[order[i].gi];
-    if (!gap_free(c, g) || !cap__evictable(c, g->tensor, g->a, g->b))
+    cap__gap_t eg;
+    const cap__gap_t *g = &eg;
+    if (!eff_gap(c, order[i].gi, &eg))
       continue;
     if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
       continue;
@@ -136,7 +163,7 @@ static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
       continue;
     if (cap__memtree_max(&c->mem, ev.save_lo, ev.save_hi) <= target)
       continue;
-    int rc = take_swap(c, order[i].gi, &ev);
+    int rc = take_swap(c, order[i].gi, g, &ev);
     if (rc)
       return rc;
   }
@@ -199,6 +226,7 @@ static heap_ent_t heap_pop(heap_t *h) {
 }
 
 typedef struct {
+  cap__gap_t g; /* effective gap */
   bool ok;
   bool swap;
   cap__swap_eval_t ev;
@@ -210,13 +238,13 @@ typedef struct {
  * recompute and exposed swap. Leaves the recompute list in c->list when
  * that is the choice. */
 static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
-  const cap__gap_t *g = &c->gaps[gi];
   memset(o, 0, sizeof *o);
-  if (!gap_free(c, g) || !cap__evictable(c, g->tensor, g->a, g->b))
+  if (!eff_gap(c, gi, &o->g))
     return 0;
+  const cap__gap_t *g = &o->g;
   cap__swap_eval_t ev;
   if (cap__ft_eval(c, g, true, &ev)) {
-    *o = (opt_t){true, true, ev, 0, 0, ev.save_lo, ev.save_hi};
+    *o = (opt_t){*g, true, true, ev, 0, 0, ev.save_lo, ev.save_hi};
     return 0;
   }
   bool have_swap = cap__ft_eval(c, g, false, &ev);
@@ -229,11 +257,11 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
       cap__memtree_max(&c->mem, g->b, g->b + 1) + extra > target)
     rc = CAP_ENOENT;
   if (rc == 0 && (!have_swap || cost <= ev.stall_ns)) {
-    *o = (opt_t){true, false, ev, cost, extra, g->a + 1, g->b};
+    *o = (opt_t){*g, true, false, ev, cost, extra, g->a + 1, g->b};
     return 0;
   }
   if (have_swap)
-    *o = (opt_t){true, true, ev, ev.stall_ns, 0, ev.save_lo, ev.save_hi};
+    *o = (opt_t){*g, true, true, ev, ev.stall_ns, 0, ev.save_lo, ev.save_hi};
   return 0;
 }
 
@@ -274,8 +302,8 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
         goto out_free;
       continue;
     }
-    rc = o.swap ? take_swap(c, e.gi, &o.ev)
-                : take_recompute(c, e.gi, o.cost, o.extra);
+    rc = o.swap ? take_swap(c, e.gi, &o.g, &o.ev)
+                : take_recompute(c, e.gi, &o.g, o.cost, o.extra);
     if (rc)
       goto out_free;
   }
@@ -327,15 +355,32 @@ static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return 0;
 }
 
-int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       cap_plan_t **out) {
-  if (!p || !cfg || !out || !p->finished)
-    return CAP_EINVAL;
-  *out = NULL;
+/* One run of the algorithm with one set of choices; the planner runs a
+ * few (see below) and keeps the best simulated plan. */
+typedef struct variant {
+  bool swaps_first;  /* phase 1 before ranking (Capuchin's order) */
+  bool push_back;    /* a D2H copy may push later-issued ones back */
+  double aim;        /* first target as a fraction of the budget */
+} variant_t;
+
+static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
+  if (!b)
+    return true;
+  bool fa = a->predicted_peak_bytes <= budget, fb = b->predicted_peak_bytes <= budget;
+  if (fa != fb)
+    return fa;
+  if (fa)
+    return a->predicted_iter_ns < b->predicted_iter_ns;
+  return a->predicted_peak_bytes < b->predicted_peak_bytes;
+}
+
+static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       const variant_t *v, cap_plan_t **out) {
   cap__ctx_t c;
   int rc = cap__ctx_init(&c, p, cfg);
   if (rc)
     return rc;
+  c.push_back = v->push_back;
   cap_plan_t *best = NULL, *plan = NULL;
   ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
   if (!order) {
@@ -350,12 +395,18 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
   int64_t budget = cfg->budget_bytes > (uint64_t)INT64_MAX
                        ? INT64_MAX
                        : (int64_t)cfg->budget_bytes;
+  int64_t floor_mem = (int64_t)p->persistent_bytes;
   int64_t target = budget;
+  if (v->aim < 1.0)
+    target = floor_mem + (int64_t)((double)(budget - floor_mem) * v->aim);
   for (int round = 0; round < MAX_ROUNDS; round++) {
     uint32_t before = c.n_ch;
-    rc = phase_swaps(&c, order, n_order, target);
-    if (rc)
-      goto out_free;
+    c.target = target;
+    if (v->swaps_first) {
+      rc = phase_swaps(&c, order, n_order, target);
+      if (rc)
+        goto out_free;
+    }
     if (cap__memtree_max_all(&c.mem) > target) {
       rc = phase_rank(&c, target);
       if (rc)
@@ -369,30 +420,16 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = simulate(p, cfg, plan);
     if (rc)
       goto out_free;
-    if (!best || plan->predicted_peak_bytes < best->predicted_peak_bytes ||
-        (plan->predicted_peak_bytes <= cfg->budget_bytes &&
-         plan->predicted_iter_ns < best->predicted_iter_ns)) {
+#ifdef CAP_PLAN_DEBUG
+    fprintf(stderr, "round %d: target %lld est %lld sim peak %llu iter %lld choices %u\n", round, (long long)target, (long long)cap__memtree_max_all(&c.mem), (unsigned long long)plan->predicted_peak_bytes, (long long)plan->predicted_iter_ns, c.n_ch);
+#endif
+    if (better(plan, best, cfg->budget_bytes)) {
       cap_plan_destroy(best);
       best = plan;
     } else {
       cap_plan_destroy(plan);
     }
     plan = NULL;
-#ifdef CAP_PLAN_DEBUG
-    fprintf(stderr, "round %d: target %lld est %lld sim peak %llu at %lld iter %lld choices %u\n", round, (long long)target, (long long)cap__memtree_max_all(&c.mem), (unsigned long long)best->predicted_peak_bytes, 0LL, (long long)best->predicted_iter_ns, c.n_ch);
-#endif
-#ifdef CAP_PLAN_DEBUG
-    if (getenv("CAP_DBG_PEAK") && cap__memtree_max_all(&c.mem) > target) {
-      uint32_t pk = 0; int64_t pm = INT64_MIN;
-      for (uint32_t i = 0; i < c.n_ops; i++) { int64_t m = cap__memtree_max(&c.mem, i, i + 1); if (m > pm) { pm = m; pk = i; } }
-      fprintf(stderr, " peak op %u %s mem %lld\n", pk, p->ops[pk].name, (long long)pm);
-      for (uint32_t gi = 0; gi < c.n_gaps; gi++) { const cap__gap_t *g = &c.gaps[gi]; if (g->a >= pk || g->b <= pk) continue;
-        cap__swap_eval_t ev; bool h = cap__ft_eval(&c, g, true, &ev); bool e = cap__ft_eval(&c, g, false, &ev); int64_t co = 0, ex = 0; int r2 = cap__rc_build(&c, g, &co, &ex);
-        fprintf(stderr, "  T%u k%u a%u b%u bytes %llu state %d evictable %d hidden %d exposed %d rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, (unsigned long long)p->tensors[g->tensor].bytes, c.gap_state[p->tensors[g->tensor].access_off + g->k - 1], cap__evictable(&c, g->tensor, g->a, g->b), h, e, r2, (long long)co, (long long)ex); }
-      uint64_t live = 0; for (uint32_t x = 0; x < p->n_tensors; x++) { const cap_tensor_t *t = &p->tensors[x]; if (!t->n_accesses || cap_tensor_is_resident(t)) continue; if (p->access_ops[t->access_off] <= pk && c.live_end[x] > pk) { live += t->bytes; if (t->bytes > 20000000) fprintf(stderr, "  live T%u bytes %llu first %u lastacc %u end %u\n", x, (unsigned long long)t->bytes, p->access_ops[t->access_off], p->access_ops[t->access_off + t->n_accesses - 1], c.live_end[x]); } }
-      fprintf(stderr, "  live activations %llu persistent %llu\n", (unsigned long long)live, (unsigned long long)p->persistent_bytes);
-    }
-#endif
     if (best->predicted_peak_bytes <= cfg->budget_bytes)
       break;
     /* The simulator saw more than the estimate: aim lower by the
@@ -412,7 +449,6 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (rc)
       goto out_free;
   }
-  rc = best->predicted_peak_bytes <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
   *out = best;
   best = NULL;
 
@@ -423,4 +459,78 @@ out_free:
 out_close:
   cap__ctx_close(&c);
   return rc;
+}
+
+/* The paper's greedy is one order of choices among several reasonable ones,
+ * and which works best depends on the model and the budget (a
+ * copy-engine-bound CNN at 30 % wants recompute early, a transformer at 80 %
+ * wants hidden swaps only). Each run costs a few simulations, so the
+ * planner runs a small fixed portfolio and keeps the plan the simulator
+ * rates best: feasible first, then the shortest iteration. */
+static const variant_t variants[] = {
+    {true, true, 1.0},   /* Capuchin: hidden swaps by FT, then MSPS */
+    {true, false, 1.0},  /* no pushing back of queued swap-outs */
+    {false, true, 1.0},  /* one ranking for swaps and recomputes */
+    {true, true, 0.97},  /* aim a little under the budget */
+    {false, false, 0.97},
+};
+
+/* No plan can go below this: every op needs its own inputs and outputs on
+ * the device, on top of what never leaves it. */
+static uint64_t peak_floor(const cap_profile_t *p, const cap_plan_config_t *cfg) {
+  uint64_t best = 0;
+  for (uint32_t o = 0; o < p->n_ops; o++) {
+    const cap_op_t *op = &p->ops[o];
+    uint64_t sum = cfg->evict_persistent ? 0 : p->persistent_bytes;
+    const uint32_t *ts = p->op_tensors;
+    uint32_t n = op->n_in + op->n_out;
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
+      if (!cfg->evict_persistent && cap_tensor_is_resident(&p->tensors[x]))
+        continue;
+      bool dup = false;
+      for (uint32_t j = 0; j < i && !dup; j++)
+        dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
+      if (!dup)
+        sum += p->tensors[x].bytes;
+    }
+    if (sum > best)
+      best = sum;
+  }
+  return best;
+}
+
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out) {
+  if (!p || !cfg || !out || !p->finished)
+    return CAP_EINVAL;
+  *out = NULL;
+  /* Below the floor no variant can succeed: one run finds the smallest
+   * peak it can reach. */
+  size_t n_variants = sizeof variants / sizeof variants[0];
+  if (peak_floor(p, cfg) > cfg->budget_bytes)
+    n_variants = 1;
+  cap_plan_t *best = NULL;
+  int rc = 0;
+  for (size_t i = 0; i < n_variants; i++) {
+    cap_plan_t *plan = NULL;
+    rc = run_variant(p, cfg, &variants[i], &plan);
+    if (rc)
+      break;
+    if (better(plan, best, cfg->budget_bytes)) {
+      cap_plan_destroy(best);
+      best = plan;
+    } else {
+      cap_plan_destroy(plan);
+    }
+    /* nothing to do: the unmanaged iteration fits */
+    if (best->n_actions == 0 && best->predicted_peak_bytes <= cfg->budget_bytes)
+      break;
+  }
+  if (rc) {
+    cap_plan_destroy(best);
+    return rc;
+  }
+  *out = best;
+  return best->predicted_peak_bytes <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
 }

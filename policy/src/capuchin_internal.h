@@ -86,6 +86,10 @@ typedef struct cap__choice {
   uint32_t rc_off, rc_n;   /* recompute: ops in ctx->rc_ops */
   uint32_t save_lo, save_hi; /* ops [lo, hi) no longer hold the tensor */
   int64_t extra_bytes;     /* recompute: temporaries at op b */
+  int64_t in_end;          /* swap: when the swap-in lands, ns */
+  int64_t in_start;        /* swap: when the swap-in starts, ns */
+  int64_t out_end;         /* swap: when the swap-out ends, ns */
+  uint32_t d2h_next;       /* next choice booked at the same D2H key */
   int64_t cost_ns;         /* recompute time or exposed swap time */
 } cap__choice_t;
 
@@ -106,10 +110,14 @@ typedef struct cap__ctx {
    * ascending: mods[mod_off[t] .. mod_off[t+1]) */
   uint32_t *mod_off, *mods;
   uint8_t *gap_state; /* per access slot (access_off + k - 1): GAP_* */
+  uint32_t *slot_choice; /* per access slot: index into ch, when chosen */
   cap__gap_t *gaps;
   uint32_t n_gaps;
   cap__memtree_t mem;
   cap__engine_t d2h, h2d;
+  uint32_t *d2h_head; /* per op: first choice whose D2H is issued there */
+  int64_t target;     /* bytes the estimate must stay within this round */
+  bool push_back;     /* a new D2H copy may delay copies issued later */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
   /* per tensor: back-access ops at which a chosen recompute list reads or
    * writes it; evicting the tensor over such an op would break that list */
@@ -124,6 +132,7 @@ typedef struct cap__ctx {
   uint32_t gen;
   uint32_t *opmark;  /* per op: generation it was listed in */
   cap__u32vec_t list, stack, stack_ver, touched;
+  cap__u32vec_t restored; /* choices a built list brings back early */
 } cap__ctx_t;
 
 int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
@@ -137,10 +146,14 @@ uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit);
 /* Whether tensor x is on the device just before op b under the choices so
  * far (live at b and not inside an evicted gap ending at or after b). */
 bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b);
-/* Whether tensor x may be evicted over ops (a, b]: no chosen recompute list
- * running in that range reads or writes it. */
-bool cap__evictable(const cap__ctx_t *c, uint32_t x, uint32_t a, uint32_t b);
-/* Number of writes to x after its producer by ops with seq < op. */
+/* Index of the chosen action that has x off the device just before op b
+ * (its gap (a, b'] contains b), or CAP_NONE. */
+uint32_t cap__evicting_choice(const cap__ctx_t *c, uint32_t x, uint32_t b);
+/* First op in (a, b] at which a chosen recompute list reads or writes x
+ * (CAP_NONE when none): evicting x over (a, b) brings it back there (the
+ * simulator fetches or replays a missing source on demand). */
+uint32_t cap__first_use(const cap__ctx_t *c, uint32_t x, uint32_t a,
+                        uint32_t b);/* Number of writes to x after its producer by ops with seq < op. */
 uint32_t cap__version_before(const cap__ctx_t *c, uint32_t x, uint32_t op);
 /* Whether x is written after its producer by an op with seq in [lo, hi). */
 bool cap__written_between(const cap__ctx_t *c, uint32_t x, uint32_t lo,
@@ -164,8 +177,11 @@ int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g);
  * on-demand swap-in whose time is exposed. Nothing is booked. */
 bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
                   cap__swap_eval_t *ev);
+/* Book the swap of choice ci (already in c->ch) on the engines. A D2H
+ * copy inserted before copies issued later pushes them back (FIFO); their
+ * frees move later, which this updates in the memory estimate. */
 void cap__ft_commit(cap__ctx_t *c, const cap__gap_t *g,
-                    const cap__swap_eval_t *ev);
+                    const cap__swap_eval_t *ev, uint32_t ci);
 
 /* --- in-trigger choice (trigger.c) ---------------------------------------- */
 /* Latest op t in (so_op.., b) whose start is a valid issue time for an H2D
@@ -188,7 +204,7 @@ bool cap__trigger_name(const cap_profile_t *p, uint32_t t, uint32_t x,
  * place since, a source the plan has evicted, list too long). */
 int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
                   int64_t *extra_bytes);
-/* Register the list in c->list as used at op b (see cap__evictable). */
+/* Register the list in c->list as used at op b (see cap__first_use). */
 int cap__rc_register(cap__ctx_t *c, uint32_t b);
 /* Memory saving per second, bytes / ns scaled, for ranking. */
 static inline double cap__msps(uint64_t bytes, int64_t cost_ns) {

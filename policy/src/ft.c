@@ -117,17 +117,41 @@ int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g) {
   return (c->op_start[g->b] - si) - (c->op_end[g->a] + so);
 }
 
-/* Slot on the D2H queue for a copy issued at the end of op a: after every
- * booking issued at or before a, before every booking issued after a. */
+#define CASCADE_MAX 256 /* later D2H keys a new copy may push back */
+
+/* Slot on the D2H queue for a copy of len ns issued at the end of op a:
+ * after every copy issued at or before a. Copies issued later are pushed
+ * back (FIFO); that is refused when it would make one of them end after
+ * its own hidden swap-in must start, or reach too far. */
 static bool d2h_slot(const cap__ctx_t *c, uint32_t a, int64_t len,
                      int64_t *start) {
   int64_t s = c->op_end[a];
   uint32_t prev = cap__engine_prev(&c->d2h, a);
   if (prev != CAP_NONE && c->d2h.last_end[prev] > s)
     s = c->d2h.last_end[prev];
-  uint32_t next = cap__engine_next(&c->d2h, a);
-  if (next != CAP_NONE && s + len > c->d2h.first_start[next])
-    return false;
+  int64_t e = s + len;
+  uint32_t k = cap__engine_next(&c->d2h, a);
+  for (int steps = 0; k != CAP_NONE && e > c->d2h.first_start[k]; steps++) {
+    if (steps >= CASCADE_MAX || !c->push_back)
+      return false;
+    int64_t delta = e - c->d2h.first_start[k];
+    for (uint32_t ci = c->d2h_head[k]; ci != CAP_NONE; ci = c->ch[ci].d2h_next) {
+      const cap__choice_t *ch = &c->ch[ci];
+      if (ch->trig_op != CAP_NONE && ch->out_end + delta > ch->in_start)
+        return false;
+      /* its tensor leaves later: that must not go over the target */
+      uint32_t lo = cap__op_at_or_after(c, ch->out_end + delta);
+      if (lo > ch->save_hi)
+        lo = ch->save_hi;
+      if (lo > ch->save_lo &&
+          cap__memtree_max(&c->mem, ch->save_lo, lo) +
+                  (int64_t)c->p->tensors[c->gaps[ch->gap].tensor].bytes >
+              c->target)
+        return false;
+    }
+    e = c->d2h.last_end[k] + delta;
+    k = cap__engine_next(&c->d2h, k);
+  }
   *start = s;
   return true;
 }
@@ -184,8 +208,36 @@ bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
 }
 
 void cap__ft_commit(cap__ctx_t *c, const cap__gap_t *g,
-                    const cap__swap_eval_t *ev) {
+                    const cap__swap_eval_t *ev, uint32_t ci) {
+  /* push back the copies issued after g->a that the new one overlaps */
+  int64_t e = ev->out_end;
+  uint32_t k = cap__engine_next(&c->d2h, g->a);
+  while (k != CAP_NONE && e > c->d2h.first_start[k]) {
+    int64_t delta = e - c->d2h.first_start[k];
+    for (uint32_t j = c->d2h_head[k]; j != CAP_NONE; j = c->ch[j].d2h_next) {
+      cap__choice_t *ch = &c->ch[j];
+      ch->out_end += delta;
+      uint32_t lo = cap__op_at_or_after(c, ch->out_end);
+      if (lo > ch->save_hi)
+        lo = ch->save_hi;
+      if (lo > ch->save_lo) {
+        uint64_t bytes = c->p->tensors[c->gaps[ch->gap].tensor].bytes;
+        cap__memtree_add(&c->mem, ch->save_lo, lo, (int64_t)bytes);
+        ch->save_lo = lo;
+      }
+    }
+    c->d2h.first_start[k] += delta;
+    c->d2h.last_end[k] += delta;
+    e = c->d2h.last_end[k];
+    k = cap__engine_next(&c->d2h, k);
+  }
   cap__engine_book(&c->d2h, g->a, ev->out_start, ev->out_end);
+  /* append to the key's FIFO list */
+  c->ch[ci].d2h_next = CAP_NONE;
+  uint32_t *pp = &c->d2h_head[g->a];
+  while (*pp != CAP_NONE)
+    pp = &c->ch[*pp].d2h_next;
+  *pp = ci;
   if (ev->trig_op != CAP_NONE)
     cap__engine_book(&c->h2d, ev->trig_op, ev->in_start, ev->in_end);
 }

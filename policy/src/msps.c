@@ -27,6 +27,12 @@
 #include "capuchin_internal.h"
 
 #define RC_MAX_OPS 64u /* longest list considered */
+#ifdef CAP_PLAN_DEBUG
+#include <stdio.h>
+#define FAIL(why) do { if (getenv("CAP_DBG_WHY")) fprintf(stderr, "rc_build T%u: %s (line %d)\n", T, why, __LINE__); return CAP_ENOENT; } while (0)
+#else
+#define FAIL(why) return CAP_ENOENT
+#endif
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -48,7 +54,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
   const cap_profile_t *p = c->p;
   uint32_t T = g->tensor, b = g->b;
   if (p->tensors[T].producer_op == CAP_NONE)
-    return CAP_ENOENT;
+    FAIL("x");
+  int64_t fetch_ns = 0;
   uint32_t gen = ++c->gen;
   if (gen == 0) { /* wrapped: reset marks */
     for (uint32_t x = 0; x < p->n_tensors; x++)
@@ -57,7 +64,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
       c->opmark[i] = 0;
     gen = c->gen = 1;
   }
-  c->list.n = c->stack.n = c->stack_ver.n = c->touched.n = 0;
+  c->list.n = c->stack.n = c->stack_ver.n = c->touched.n = c->restored.n = 0;
   c->mark[T] = gen;
   c->mark_ver[T] = cap__version_before(c, T, g->a + 1);
   if (cap__u32vec_push(&c->stack, T) || cap__u32vec_push(&c->stack_ver, c->mark_ver[T]))
@@ -68,7 +75,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     uint32_t v = c->stack_ver.v[--c->stack_ver.n];
     uint32_t prod = p->tensors[x].producer_op;
     if (prod == CAP_NONE || prod >= b)
-      return CAP_ENOENT;
+      FAIL("x");
     const uint32_t *mods = c->mods + c->mod_off[x];
     for (uint32_t s = 0; s <= v; s++) {
       uint32_t o = s == 0 ? prod : mods[s - 1];
@@ -76,7 +83,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
         continue;
       c->opmark[o] = gen;
       if (c->list.n >= RC_MAX_OPS)
-        return CAP_ENOENT;
+        FAIL("x");
       if (cap__u32vec_push(&c->list, o))
         return CAP_ENOMEM;
       const cap_op_t *op = &p->ops[o];
@@ -88,18 +95,53 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
         uint32_t need = cap__version_before(c, y, o);
         if (c->mark[y] == gen) {
           if (c->mark_ver[y] != need)
-            return CAP_ENOENT; /* needed at two versions */
+            FAIL("x"); /* needed at two versions */
           continue;
         }
         if (cap__resident_at(c, y, b)) {
           if (cap__written_between(c, y, o, b))
-            return CAP_ENOENT;
+            FAIL("x");
           if (cap__u32vec_push(&c->touched, y))
             return CAP_ENOMEM;
           continue;
         }
+        uint32_t ci = cap__evicting_choice(c, y, b);
+        if (ci != CAP_NONE && c->ch[ci].method == CAP_METHOD_RECOMPUTE) {
+          /* dropped by the plan: its own list restores it here, at the
+           * version it was evicted at */
+          const cap__gap_t *yg = &c->gaps[c->ch[ci].gap];
+          if (cap__version_before(c, y, yg->a + 1) != need)
+            FAIL("nested version");
+          if (cap__u32vec_push(&c->touched, y) ||
+              cap__u32vec_push(&c->restored, ci))
+            return CAP_ENOMEM;
+          continue;
+        }
+        if (ci != CAP_NONE) {
+          /* swapped out: usable as is once its prefetch has landed, else
+           * fetched on demand here (the simulator issues its H2D copy
+           * then), which the compute stream waits for */
+          const cap__choice_t *yc = &c->ch[ci];
+          const cap__gap_t *yg = &c->gaps[yc->gap];
+          if (cap__version_before(c, y, yg->a + 1) != need)
+            FAIL("swapped source version");
+          if (cap__u32vec_push(&c->touched, y))
+            return CAP_ENOMEM;
+          if (yc->trig_op != CAP_NONE && yc->save_hi <= b &&
+              yc->in_end <= c->op_start[b])
+            continue;
+          int64_t st = c->op_start[b];
+          uint32_t prev = cap__engine_prev(&c->h2d, b);
+          if (prev != CAP_NONE && c->h2d.last_end[prev] > st)
+            st = c->h2d.last_end[prev];
+          fetch_ns += st - c->op_start[b] +
+                      cap_copy_ns(p->tensors[y].bytes, c->h2d_gbps);
+          if (cap__u32vec_push(&c->restored, ci))
+            return CAP_ENOMEM;
+          continue;
+        }
         if (evicted_at(c, y, b) || p->tensors[y].producer_op == CAP_NONE)
-          return CAP_ENOENT;
+          FAIL("x");
         /* freed before the back-access: restore it in the list too */
         c->mark[y] = gen;
         c->mark_ver[y] = need;
@@ -125,8 +167,13 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
         return CAP_ENOMEM;
       if (inplace || z == T)
         continue;
-      if (evicted_at(c, z, b))
-        return CAP_ENOENT; /* the replay would bring it back early */
+      uint32_t zi = cap__evicting_choice(c, z, b);
+      if (zi != CAP_NONE && c->ch[zi].method == CAP_METHOD_RECOMPUTE) {
+        /* the replay brings a dropped tensor back for good */
+        if (cap__u32vec_push(&c->restored, zi))
+          return CAP_ENOMEM;
+        continue;
+      }
       if (c->mark[z] == gen && c->mark_ver[z] == UINT32_MAX)
         continue; /* counted already */
       /* the replay allocates every output afresh, released at its end */
@@ -135,7 +182,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
       c->mark_ver[z] = UINT32_MAX;
     }
   }
-  *cost_ns = cost;
+  *cost_ns = cost + fetch_ns;
   *extra_bytes = extra;
   return 0;
 }
