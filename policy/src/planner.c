@@ -1,0 +1,86 @@
+/*
+ * The planner registry: defaults, names, and cap_plan_compute, which runs
+ * the named planner and then judges its plan with the simulator, so that
+ * every planner's feasibility means the same thing.
+ */
+#include "capuchin/planner.h"
+
+#include <string.h>
+
+#include "capuchin/error.h"
+#include "capuchin/sim.h"
+#include "planners.h"
+
+void cap_plan_config_init(cap_plan_config_t *cfg, uint64_t budget_bytes) {
+  if (!cfg)
+    return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->budget_bytes = budget_bytes;
+  cfg->bw = CAP_BANDWIDTH_H100;
+  cfg->evict_persistent = false;
+  /* Capuchin starts a prefetch this much before the latest moment that
+   * would hide it: a few small kernels' worth, so that op-time jitter does
+   * not turn a just-in-time copy into a stall. */
+  cfg->trigger_margin_ns = 20000;
+  /* A late prefetch's trigger moves by its measured stall plus this. */
+  cfg->feedback_step_ns = 20000;
+}
+
+const char *const cap_planner_names[] = {
+    "capuchin", "swap-all", "vdnn", "checkpoint-sqrt", "dtr", "passive-lru",
+    NULL,
+};
+
+static const cap__planner_fn planner_fns[] = {
+    cap__plan_capuchin,        cap__plan_swap_all, cap__plan_vdnn,
+    cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
+};
+
+int cap_plan_compute(const cap_profile_t *p, const char *planner,
+                     const cap_plan_config_t *cfg, cap_plan_t **out) {
+  if (!out)
+    return CAP_EINVAL;
+  *out = NULL;
+  if (!p || !p->finished || !planner || !cfg)
+    return CAP_EINVAL;
+  if (!(cfg->bw.h2d_gbps > 0) || !(cfg->bw.d2h_gbps > 0) ||
+      !(cfg->bw.duplex_gbps > 0))
+    return CAP_EINVAL;
+  size_t i = 0;
+  while (cap_planner_names[i] && strcmp(cap_planner_names[i], planner) != 0)
+    i++;
+  if (!cap_planner_names[i])
+    return CAP_ENOENT;
+
+  cap_plan_t *plan = NULL;
+  int rc = planner_fns[i](p, cfg, &plan);
+  if (rc && rc != CAP_EINFEASIBLE) {
+    cap_plan_destroy(plan);
+    return rc;
+  }
+  if (!plan)
+    return CAP_EINVAL;
+  plan->budget_bytes = cfg->budget_bytes;
+  if (strcmp(plan->policy, planner) != 0) {
+    memset(plan->policy, 0, sizeof plan->policy);
+    strncpy(plan->policy, planner, sizeof plan->policy - 1);
+  }
+  /* A planner that emits an invalid plan has a bug: refuse it rather than
+   * hand the daemon or the client something they cannot execute. */
+  rc = cap_plan_validate(plan, p, NULL, 0);
+  if (rc)
+    goto out_destroy;
+  cap_sim_result_t r;
+  rc = cap_sim_run(p, plan, &cfg->bw, &r);
+  if (rc)
+    goto out_destroy;
+  plan->predicted_iter_ns = r.iter_ns;
+  plan->predicted_peak_bytes = r.peak_bytes;
+  cap_sim_result_close(&r);
+  *out = plan;
+  return plan->predicted_peak_bytes <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
+
+out_destroy:
+  cap_plan_destroy(plan);
+  return rc;
+}

@@ -1,0 +1,84 @@
+/*
+ * Internal entry points of the planners behind cap_plan_compute (planner.c)
+ * and helpers the baselines share (baseline_common.c).
+ *
+ * A planner returns a plan for cfg->budget_bytes (or its best attempt); the
+ * dispatcher validates it, simulates it, fills predicted_iter_ns and
+ * predicted_peak_bytes and decides feasibility, so every planner is judged
+ * by the same simulator at the same budget.
+ */
+#ifndef CAPUCHIN_PLANNERS_H
+#define CAPUCHIN_PLANNERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capuchin/plan.h"
+#include "capuchin/planner.h"
+#include "capuchin/profile.h"
+
+typedef int (*cap__planner_fn)(const cap_profile_t *p,
+                               const cap_plan_config_t *cfg, cap_plan_t **out);
+
+/* Capuchin (capuchin.c, owned by the planner module). */
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out);
+/* Baselines (baseline_*.c). */
+int cap__plan_swap_all(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out);
+int cap__plan_vdnn(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                   cap_plan_t **out);
+int cap__plan_checkpoint_sqrt(const cap_profile_t *p,
+                              const cap_plan_config_t *cfg, cap_plan_t **out);
+int cap__plan_dtr(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                  cap_plan_t **out);
+int cap__plan_passive_lru(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                          cap_plan_t **out);
+
+/* --- shared by the baselines (baseline_common.c) -------------------------- */
+
+/* Seq of the first op of the backward pass: the first op whose name
+ * contains "backward"; p->n_ops when there is none. */
+uint32_t cap__backward_start(const cap_profile_t *p);
+
+/* Heavy layers in vDNN's sense: convolutions and matrix products
+ * (convolution, mm, addmm, bmm, baddbmm, matmul, linear; forward or
+ * backward). */
+bool cap__op_is_heavy(const cap_profile_t *p, uint32_t op);
+
+/* May a plan evict tensor t? Activations that are freed during the
+ * iteration always; params and inputs only with cfg->evict_persistent;
+ * never-freed activations never (profile.h, cap_tensor_is_resident). */
+bool cap__evictable(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                    uint32_t t);
+
+/* Last op at or before `op` that writes tensor t (lists it as an output and
+ * is not a view), or CAP_NONE. */
+uint32_t cap__last_writer(const cap_profile_t *p, uint32_t t, uint32_t op);
+
+/* Scratch for cap__lineage; zero it before first use, close after. */
+typedef struct cap__lineage {
+  uint32_t *mark; /* per tensor: == gen when needed */
+  uint32_t gen;
+  uint32_t *ops; /* the list built, ascending op seqs */
+  uint32_t n_ops, cap_ops;
+  uint32_t n_tensors;
+} cap__lineage_t;
+
+void cap__lineage_close(cap__lineage_t *l);
+
+/* Replay list that restores tensor t, evicted after op evict_op, just before
+ * op back_op: the last op writing t at or before evict_op, every earlier
+ * writer of t back to its producer, and the same for every input of a
+ * replayed op that will not hold its original value at back_op: one that is
+ * `gone` (gone[x] != 0: the plan will have it off the device then), freed
+ * before back_op starts, or written in place between the replayed op and
+ * back_op. The list is in execution order and satisfies cap_plan_validate.
+ * Returns 0 with l->ops/l->n_ops, CAP_ENOENT when t cannot be rebuilt (a
+ * needed tensor has no producer) or the list would exceed max_ops, or
+ * CAP_ENOMEM. */
+int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
+                 uint32_t evict_op, uint32_t back_op, const uint8_t *gone,
+                 uint32_t max_ops);
+
+#endif /* CAPUCHIN_PLANNERS_H */
