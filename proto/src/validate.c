@@ -430,6 +430,41 @@ static int v_budget_update(vctx_t *c, const Capuchin__BudgetUpdate *m) {
   return check_str(c, m->reason, "reason", false, false, c->lim->max_name_len);
 }
 
+/* protobuf-c keeps fields it does not know (a newer peer's additions) but
+ * accepts a tag of field number 0 when it comes as a non-canonical varint,
+ * which it would then re-encode as bytes no decoder accepts. Refuse such
+ * tags in this message and every nested one. */
+static int check_unknown_fields(const vctx_t *c, const ProtobufCMessage *m) {
+  for (unsigned i = 0; i < m->n_unknown_fields; i++)
+    if (m->unknown_fields[i].tag == 0)
+      return FAIL(c, CAP_EPROTO, "field number 0 in %s", m->descriptor->short_name);
+  const ProtobufCMessageDescriptor *desc = m->descriptor;
+  for (unsigned f = 0; f < desc->n_fields; f++) {
+    const ProtobufCFieldDescriptor *fd = &desc->fields[f];
+    if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+      continue;
+    const char *base = (const char *)m;
+    if (fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+      if (*(const uint32_t *)(base + fd->quantifier_offset) != fd->id)
+        continue;
+    }
+    if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n = *(const size_t *)(base + fd->quantifier_offset);
+      ProtobufCMessage *const *arr =
+          *(ProtobufCMessage *const *const *)(base + fd->offset);
+      for (size_t k = 0; k < n; k++)
+        if (arr[k])
+          CHECK_RC(check_unknown_fields(c, arr[k]));
+    } else {
+      const ProtobufCMessage *sub =
+          *(const ProtobufCMessage *const *)(base + fd->offset);
+      if (sub)
+        CHECK_RC(check_unknown_fields(c, sub));
+    }
+  }
+  return 0;
+}
+
 int cap__frame_validate(const Capuchin__Envelope *env,
                         const cap_frame_limits_t *lim, cap__strlen_fn wire_len,
                         void *ctx, char *err, size_t err_len) {
@@ -439,6 +474,7 @@ int cap__frame_validate(const Capuchin__Envelope *env,
   if (!env)
     return FAIL(&c, CAP_EINVAL, "no envelope");
   c.msg = cap_frame_msg_name(env);
+  CHECK_RC(check_unknown_fields(&c, &env->base));
   switch (env->msg_case) {
   case CAPUCHIN__ENVELOPE__MSG__NOT_SET:
     return FAIL(&c, CAP_EINVAL, "no message set (unknown or empty envelope)");

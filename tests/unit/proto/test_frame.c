@@ -609,6 +609,21 @@ static void test_unknown_message(void) {
   CHECK_EQ(decode_one(f, flen, NULL, err, sizeof err), CAP_EINVAL);
   CHECK(strstr(err, "no message set") != NULL);
   free(f);
+  /* A tag of field number 0 written as a non-canonical varint: protobuf-c
+   * keeps it as an unknown field, the validator refuses it (found by
+   * fuzz_frame: re-encoded, it would be a frame no decoder accepts). */
+  /* Envelope.plan_ack = {version: 1, <tag 0 as 80 00>: 0} */
+  uint8_t p3b[] = {(10 << 3) | 2, 5, 0x08, 0x01, 0x80, 0x00, 0x00};
+  f = raw_frame(p3b, sizeof p3b, &flen);
+  CHECK_EQ(decode_one(f, flen, NULL, err, sizeof err), CAP_EPROTO);
+  CHECK(strstr(err, "field number 0") != NULL);
+  free(f);
+  /* Unknown fields with proper numbers (a newer peer) are kept. */
+  /* Envelope.plan_ack = {version: 1, field 31: 5} */
+  uint8_t p4full[] = {(10 << 3) | 2, 5, 0x08, 0x01, 0xf8, 0x01, 0x05};
+  f = raw_frame(p4full, sizeof p4full, &flen);
+  CHECK_EQ(decode_one(f, flen, NULL, err, sizeof err), 1);
+  free(f);
   /* Garbage that is not protobuf at all. */
   uint8_t junk[] = {0xff, 0xff, 0xff};
   f = raw_frame(junk, sizeof junk, &flen);
@@ -864,7 +879,49 @@ static void test_large_frame(void) {
   free(tensors);
 }
 
+/* With CAP_FRAME_CORPUS_OUT=DIR, write the seed corpus of
+ * tests/fuzz/fuzz_frame.c into DIR: byte 0 seeds the fuzzer's chunk sizes,
+ * then one frame of each message type, and one stream of all of them. */
+static int write_seed(const char *dir, const char *name, int first,
+                      int last) {
+  uint8_t *buf = malloc(1);
+  size_t len = 1, cap = 1;
+  buf[0] = (uint8_t)(17 * first); /* chunk-size seed */
+  for (int k = first; k <= last; k++) {
+    sample_t s;
+    sample_fill(&s, k);
+    if (cap_frame_append(&s.env, 0, &buf, &len, &cap) != 0)
+      return 1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+  FILE *f = fopen(path, "wb");
+  int bad = !f || fwrite(buf, 1, len, f) != len;
+  if (f && fclose(f) != 0)
+    bad = 1;
+  free(buf);
+  if (bad) {
+    fprintf(stderr, "%s: cannot write\n", path);
+    return 1;
+  }
+  printf("wrote %s (%zu bytes)\n", path, len);
+  return 0;
+}
+
+static int write_corpus(const char *dir) {
+  for (int k = 1; k <= SAMPLE_COUNT; k++) {
+    sample_t s;
+    sample_fill(&s, k);
+    if (write_seed(dir, cap_frame_msg_name(&s.env), k, k))
+      return 1;
+  }
+  return write_seed(dir, "all_messages", 1, SAMPLE_COUNT);
+}
+
 int main(void) {
+  const char *corpus = getenv("CAP_FRAME_CORPUS_OUT");
+  if (corpus)
+    return write_corpus(corpus);
   RUN_TEST(test_roundtrip_each_type);
   RUN_TEST(test_decoded_fields);
   RUN_TEST(test_stream_byte_by_byte);
