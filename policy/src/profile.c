@@ -445,8 +445,10 @@ int cap_profile_add_op(cap_profile_t *p, uint32_t seq, int64_t start_ns,
       (rc = check_op_tensors(p, seq, "output", out, n_out)))
     return rc;
   if (grow((void **)&p->ops, &im->cap_ops, p->n_ops + 1, sizeof *p->ops) ||
+      /* +1: op_tensors is never NULL once an op exists, so that
+       * cap_op_inputs() never offsets a NULL pointer. */
       grow((void **)&p->op_tensors, &im->cap_op_tensors,
-           p->n_op_tensors + n_in + n_out, sizeof *p->op_tensors))
+           p->n_op_tensors + n_in + n_out + 1, sizeof *p->op_tensors))
     return fail(p, CAP_ENOMEM, "op %" PRIu32 ": out of memory", seq);
   const char *iname = intern(im, name, nlen);
   if (!iname)

@@ -290,8 +290,11 @@ static int read_op(reader_t *r) {
   n_all = n_in;
   if ((rc = parse_list(r, seq, "outputs", r->tok[6], &n_all)))
     return rc;
-  rc = cap_profile_add_op(r->p, seq, start, end, r->tok[4], r->ids, n_in,
-                          r->ids + n_in, n_all - n_in);
+  /* r->ids is NULL until some op lists a tensor. */
+  const uint32_t *in = n_in ? r->ids : NULL;
+  const uint32_t *outs = n_all > n_in ? r->ids + n_in : NULL;
+  rc = cap_profile_add_op(r->p, seq, start, end, r->tok[4], in, n_in, outs,
+                          n_all - n_in);
   return rc ? builder_fail(r, rc) : 0;
 }
 
