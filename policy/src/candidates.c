@@ -93,6 +93,30 @@ int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi) {
   return mt_max(t, 1, 0, t->n, lo, hi);
 }
 
+static uint32_t mt_first(const cap__memtree_t *t, uint32_t node, uint32_t lo,
+                         uint32_t hi, int64_t x, bool last) {
+  if (t->mx[node] <= x)
+    return CAP_NONE;
+  if (hi - lo == 1)
+    return lo;
+  uint32_t mid = lo + (hi - lo) / 2;
+  x -= t->lz[node];
+  uint32_t r = last ? mt_first(t, 2 * node + 1, mid, hi, x, last)
+                    : mt_first(t, 2 * node, lo, mid, x, last);
+  if (r != CAP_NONE)
+    return r;
+  return last ? mt_first(t, 2 * node, lo, mid, x, last)
+              : mt_first(t, 2 * node + 1, mid, hi, x, last);
+}
+
+uint32_t cap__memtree_first_above(const cap__memtree_t *t, int64_t x) {
+  return t->n ? mt_first(t, 1, 0, t->n, x, false) : CAP_NONE;
+}
+
+uint32_t cap__memtree_last_above(const cap__memtree_t *t, int64_t x) {
+  return t->n ? mt_first(t, 1, 0, t->n, x, true) : CAP_NONE;
+}
+
 /* --- small helpers --------------------------------------------------------- */
 
 int cap__u32vec_push(cap__u32vec_t *v, uint32_t x) {

@@ -265,6 +265,25 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
   return 0;
 }
 
+/* Ranking key: MSPS, weighted by the share of the over-target region the
+ * freed range covers. Bytes freed outside that region buy nothing now; a
+ * tensor idle across the whole region relieves every op in it (what DTR's
+ * staleness term approximates). */
+static double rank_key(const cap__ctx_t *c, const opt_t *o, uint64_t bytes,
+                       int64_t target) {
+  double msps = cap__msps(bytes, o->cost);
+  if (!c->weigh_cover)
+    return msps;
+  uint32_t f = cap__memtree_first_above(&c->mem, target);
+  uint32_t l = cap__memtree_last_above(&c->mem, target);
+  if (f == CAP_NONE)
+    return 0;
+  uint32_t lo = o->lo > f ? o->lo : f, hi = o->hi < l + 1 ? o->hi : l + 1;
+  if (hi <= lo)
+    return 0;
+  return msps * (double)(hi - lo) / (double)(l + 1 - f);
+}
+
 static int phase_rank(cap__ctx_t *c, int64_t target) {
   heap_t h = {0};
   int rc = 0;
@@ -279,7 +298,7 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
       goto out_free;
     if (!o.ok)
       continue;
-    rc = heap_push(&h, cap__msps(p->tensors[g->tensor].bytes, o.cost), gi);
+    rc = heap_push(&h, rank_key(c, &o, p->tensors[g->tensor].bytes, target), gi);
     if (rc)
       goto out_free;
   }
@@ -294,7 +313,7 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
       goto out_free;
     if (!o.ok || cap__memtree_max(&c->mem, o.lo, o.hi) <= target)
       continue;
-    double key = cap__msps(p->tensors[g->tensor].bytes, o.cost);
+    double key = rank_key(c, &o, p->tensors[g->tensor].bytes, target);
     if (key < e.key * (1 - 1e-9) && h.n && key < h.v[0].key) {
       /* its cost grew since it was ranked: rank it again */
       rc = heap_push(&h, key, e.gi);
@@ -355,12 +374,32 @@ static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return 0;
 }
 
+#ifdef CAP_PLAN_DEBUG
+static void debug_peak(cap__ctx_t *c, int64_t target) {
+  if (!getenv("CAP_DBG_PEAK") || cap__memtree_max_all(&c->mem) <= target)
+    return;
+  const cap_profile_t *p = c->p;
+  uint32_t pk = 0; int64_t pm = INT64_MIN;
+  for (uint32_t i = 0; i < c->n_ops; i++) { int64_t m = cap__memtree_max(&c->mem, i, i + 1); if (m > pm) { pm = m; pk = i; } }
+  fprintf(stderr, " peak op %u %s mem %lld\n", pk, p->ops[pk].name, (long long)pm);
+  for (uint32_t gi = 0; gi < c->n_gaps; gi++) {
+    const cap__gap_t *g = &c->gaps[gi];
+    if (g->a >= pk || g->b <= pk || p->tensors[g->tensor].bytes < 1000000) continue;
+    cap__gap_t eg; bool ok = eff_gap(c, gi, &eg);
+    cap__swap_eval_t ev; bool h = ok && cap__ft_eval(c, &eg, true, &ev); bool e = ok && cap__ft_eval(c, &eg, false, &ev);
+    int64_t co = 0, ex = 0; int r2 = ok ? cap__rc_build(c, &eg, &co, &ex) : 1;
+    fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
+  }
+}
+#endif
+
 /* One run of the algorithm with one set of choices; the planner runs a
  * few (see below) and keeps the best simulated plan. */
 typedef struct variant {
   bool swaps_first;  /* phase 1 before ranking (Capuchin's order) */
   bool push_back;    /* a D2H copy may push later-issued ones back */
   double aim;        /* first target as a fraction of the budget */
+  bool weigh_cover;  /* rank by MSPS x share of the over-budget region */
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -381,6 +420,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   if (rc)
     return rc;
   c.push_back = v->push_back;
+  c.weigh_cover = v->weigh_cover;
   cap_plan_t *best = NULL, *plan = NULL;
   ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
   if (!order) {
@@ -402,16 +442,27 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   for (int round = 0; round < MAX_ROUNDS; round++) {
     uint32_t before = c.n_ch;
     c.target = target;
-    if (v->swaps_first) {
-      rc = phase_swaps(&c, order, n_order, target);
-      if (rc)
-        goto out_free;
+    /* each pass can unblock choices the previous one refused (a copy that
+     * may now be pushed back, a region now lower): repeat while it helps */
+    for (int pass = 0; pass < 4 && cap__memtree_max_all(&c.mem) > target;
+         pass++) {
+      uint32_t n0 = c.n_ch;
+      if (v->swaps_first) {
+        rc = phase_swaps(&c, order, n_order, target);
+        if (rc)
+          goto out_free;
+      }
+      if (cap__memtree_max_all(&c.mem) > target) {
+        rc = phase_rank(&c, target);
+        if (rc)
+          goto out_free;
+      }
+      if (c.n_ch == n0)
+        break;
     }
-    if (cap__memtree_max_all(&c.mem) > target) {
-      rc = phase_rank(&c, target);
-      if (rc)
-        goto out_free;
-    }
+#ifdef CAP_PLAN_DEBUG
+    debug_peak(&c, target);
+#endif
     if (round > 0 && c.n_ch == before)
       break; /* nothing more to evict: the smallest peak is reached */
     rc = build_plan(&c, &plan);
@@ -468,11 +519,12 @@ out_close:
  * planner runs a small fixed portfolio and keeps the plan the simulator
  * rates best: feasible first, then the shortest iteration. */
 static const variant_t variants[] = {
-    {true, true, 1.0},   /* Capuchin: hidden swaps by FT, then MSPS */
-    {true, false, 1.0},  /* no pushing back of queued swap-outs */
-    {false, true, 1.0},  /* one ranking for swaps and recomputes */
-    {true, true, 0.97},  /* aim a little under the budget */
-    {false, false, 0.97},
+    {true, true, 1.0, false},   /* Capuchin: hidden swaps by FT, then MSPS */
+    {true, true, 1.0, true},    /* ... MSPS weighted by coverage */
+    {true, false, 1.0, true},   /* no pushing back of queued swap-outs */
+    {false, true, 1.0, true},   /* one ranking for swaps and recomputes */
+    {true, true, 0.97, true},   /* aim a little under the budget */
+    {false, false, 0.97, false},
 };
 
 /* No plan can go below this: every op needs its own inputs and outputs on

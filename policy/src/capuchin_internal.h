@@ -40,6 +40,9 @@ void cap__memtree_add(cap__memtree_t *t, uint32_t lo, uint32_t hi,
                       int64_t delta);
 /* Max over ops [lo, hi); INT64_MIN for an empty range. */
 int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi);
+/* First / last op whose value is > x, or CAP_NONE. */
+uint32_t cap__memtree_first_above(const cap__memtree_t *t, int64_t x);
+uint32_t cap__memtree_last_above(const cap__memtree_t *t, int64_t x);
 static inline int64_t cap__memtree_max_all(const cap__memtree_t *t) {
   return t->n ? t->mx[1] : 0;
 }
@@ -118,6 +121,7 @@ typedef struct cap__ctx {
   uint32_t *d2h_head; /* per op: first choice whose D2H is issued there */
   int64_t target;     /* bytes the estimate must stay within this round */
   bool push_back;     /* a new D2H copy may delay copies issued later */
+  bool weigh_cover;   /* rank by MSPS x share of the over-target region */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
   /* per tensor: back-access ops at which a chosen recompute list reads or
    * writes it; evicting the tensor over such an op would break that list */

@@ -139,15 +139,16 @@ static bool d2h_slot(const cap__ctx_t *c, uint32_t a, int64_t len,
       const cap__choice_t *ch = &c->ch[ci];
       if (ch->trig_op != CAP_NONE && ch->out_end + delta > ch->in_start)
         return false;
-      /* its tensor leaves later: that must not go over the target */
+      /* its tensor leaves later: that may fill memory up to the target
+       * or the current peak, not beyond */
       uint32_t lo = cap__op_at_or_after(c, ch->out_end + delta);
       if (lo > ch->save_hi)
         lo = ch->save_hi;
       if (lo > ch->save_lo &&
           cap__memtree_max(&c->mem, ch->save_lo, lo) +
                   (int64_t)c->p->tensors[c->gaps[ch->gap].tensor].bytes >
-              c->target)
-        return false;
+              (cap__memtree_max_all(&c->mem) > c->target ? cap__memtree_max_all(&c->mem) : c->target))
+        return false; /* would make a new peak */
     }
     e = c->d2h.last_end[k] + delta;
     k = cap__engine_next(&c->d2h, k);
