@@ -227,12 +227,20 @@ int cap_client_register(cap_client_t *c, uint64_t bytes, cap_tensor_kind_t kind,
   t->dev = p;
   t->lru = ++c->tick;
   c->persistent_bytes += bytes;
-  if (c->recording && !cap__rec_decl(c, i, bytes, (uint8_t)kind))
-    c->it.dropped_records++;
+  if (c->recording)
+    cap__decl_upto(c, i);
   *id = i;
   if (dev)
     *dev = p;
   return 0;
+}
+
+void cap__decl_upto(cap_client_t *c, uint32_t upto) {
+  for (; c->decl_next <= upto && c->decl_next < c->n_tensors; c->decl_next++) {
+    const cap__tensor_t *t = &c->tensors[c->decl_next];
+    if (!cap__rec_decl(c, c->decl_next, t->bytes, t->kind))
+      c->it.dropped_records++;
+  }
 }
 
 int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
@@ -246,7 +254,7 @@ int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
   int rc;
   if (c->transient_decl < c->n_transient_ids) {
     i = c->transient_ids[c->transient_decl];
-    if (c->tensors[i].state != CAP__T_UNUSED) {
+    if (c->tensors[i].state != CAP__T_UNUSED || c->tensors[i].bytes != bytes) {
       /* Still alive from an earlier iteration: the pattern changed; give
        * this declaration a new id. */
       rc = new_id(c, &i);
@@ -280,8 +288,8 @@ int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
   t->n_access = 0;
   t->out_action = CAP_NONE;
   t->pinned = 0;
-  if (c->recording && !cap__rec_decl(c, i, bytes, CAP_KIND_ACTIVATION))
-    c->it.dropped_records++;
+  if (c->recording)
+    cap__decl_upto(c, i);
   *id = i;
   return 0;
 }
@@ -352,8 +360,10 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->session_lost = false;
   pthread_mutex_unlock(&c->mu);
   bool connected = atomic_load(&c->ctr.connected);
-  if (lost)
+  if (lost) {
     c->measured_done = false; /* a new session: measure again if no plan */
+    c->decl_next = 0;         /* and tell it about every tensor */
+  }
   if (plan) {
     uint64_t pb = plan->budget_bytes;
     uint32_t v = plan->version;
@@ -393,11 +403,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->dropped_at_begin = atomic_load(&c->dropped);
   if (c->recording) {
     cap__rec_simple(c, CAP__REC_ITER_BEGIN, c->iteration, 1);
-    for (uint32_t i = 0; i < c->n_tensors; i++) {
-      const cap__tensor_t *t = &c->tensors[i];
-      if (t->persistent)
-        cap__rec_decl(c, i, t->bytes, t->kind);
-    }
+    if (c->n_tensors)
+      cap__decl_upto(c, c->n_tensors - 1);
   }
   c->it.peak_bytes = cap__dev_in_use(c);
   c->in_iter = true;

@@ -234,6 +234,8 @@ struct cap_client {
   bool recording;              /* measured: records go to the ring */
   uint64_t dropped_at_begin;
   bool measured_done;          /* a complete measured iteration was sent */
+  uint32_t decl_next;          /* declarations go out in id order: next id
+                                  this session has not been told about */
 
   /* Lineage: ops of this and of the last complete iteration. */
   cap__oplog_t log_cur, log_last;
@@ -304,5 +306,7 @@ bool cap__rec_op(cap_client_t *c, uint32_t seq, int64_t t0, int64_t t1,
                  const uint32_t *out, uint32_t n_out);
 bool cap__rec_free(cap_client_t *c, uint32_t id, int64_t t);
 bool cap__rec_simple(cap_client_t *c, uint8_t type, uint32_t a, uint32_t b);
+/* Declare ids decl_next..upto (inclusive) to the daemon, in order. */
+void cap__decl_upto(cap_client_t *c, uint32_t upto);
 
 #endif /* CAP_CLIENT_IMPL_H */

@@ -109,9 +109,27 @@ void cap__dev_close(cap_client_t *c) {
 }
 
 int cap__dev_set_budget(cap_client_t *c, uint64_t bytes) {
-  if (!bytes || bytes > c->dev->info->total_bytes)
-    bytes = c->dev->info->total_bytes;
-  cap_bfc_set_budget(c->dev->dev_bfc, bytes);
+  cap__dev_t *d = c->dev;
+  bool whole = !bytes || bytes >= d->info->total_bytes;
+  if (whole)
+    bytes = d->info->total_bytes;
+  cap_bfc_set_budget(d->dev_bfc, bytes);
+  /* Take the budget's arena now and touch it once, so that the measured
+   * iteration's op times are not inflated by first-touch page faults (sim)
+   * or cudaMalloc calls (cuda). Best effort: failure leaves growth lazy. */
+  if (!whole) {
+    cap_bfc_stats_t st;
+    cap_bfc_stats(d->dev_bfc, &st);
+    if (st.arena_bytes < bytes && bytes - st.in_use_bytes > (64u << 20)) {
+      uint64_t want = bytes - st.in_use_bytes - CAP_BFC_GRANULE;
+      void *p = NULL;
+      if (cap_bfc_alloc(d->dev_bfc, want, &p) == 0) {
+        cap_backend_memset(d->b, p, 0, want);
+        cap_backend_stream_synchronize(d->b, CAP_STREAM_COMPUTE);
+        cap_bfc_free(d->dev_bfc, p);
+      }
+    }
+  }
   return 0;
 }
 

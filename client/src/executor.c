@@ -752,6 +752,8 @@ int cap__op_end(cap_client_t *c) {
   }
   int64_t t1 = cap__now_ns(c);
   if (c->recording) {
+    if (c->decl_next < c->n_tensors)
+      cap__decl_upto(c, c->n_tensors - 1);
     /* The profile is the framework's timeline: time the client itself
      * stalled (passive swapping) is taken out. */
     int64_t base = c->iter_start_ns + c->it.stall_ns;

@@ -145,6 +145,8 @@ typedef struct rep {
   uint32_t op_buf_cap;
   uint32_t *op_buf;
   bool want_close;
+  bool in_measured; /* this session saw the ITER_BEGIN of the measured
+                       iteration whose records are being drained */
 } rep_t;
 
 static int64_t mono_ms(void) {
@@ -162,6 +164,7 @@ static void rep_disconnect(rep_t *r, const char *why) {
       fprintf(stderr, "capuchin-client: disconnected: %s\n", why);
   }
   r->welcomed = false;
+  r->in_measured = false;
   r->out_len = r->out_off = 0;
   cap_frame_decoder_destroy(r->dec);
   r->dec = NULL;
@@ -453,16 +456,21 @@ static void rep_drain(rep_t *r) {
     switch (rec->type) {
     case CAP__REC_ITER_BEGIN:
       rep_flush_batch(r);
+      r->in_measured = r->fd >= 0 && r->welcomed;
       r->batch_iter = rec->a;
       cap_proto_batch_reset(r->batch, r->batch_iter);
       break;
     case CAP__REC_DECL:
+      if (!r->in_measured)
+        break; /* from before this session: the daemon cannot place it */
       cap_proto_batch_add_decl(r->batch, rec->a, rec->u.op.u64,
                                (cap_tensor_kind_t)rec->b);
       break;
     case CAP__REC_OP: {
       uint32_t n_ids = rec->b + rec->c;
       used += (n_ids + CAP__REC_IDS - 1) / CAP__REC_IDS;
+      if (!r->in_measured)
+        break;
       if (n_ids > r->op_buf_cap) {
         uint32_t *nb = realloc(r->op_buf, (size_t)n_ids * sizeof *nb);
         if (!nb)
@@ -479,11 +487,17 @@ static void rep_drain(rep_t *r) {
       break;
     }
     case CAP__REC_FREE:
+      if (!r->in_measured)
+        break;
       cap_proto_batch_add_free(r->batch, rec->u.op.t0, rec->a);
       break;
     case CAP__REC_ITER_END:
       used = 2;
-      rep_iter_end(r, rec, cap__ring_at(ring, tail + 1));
+      /* A measured iteration this session did not see from its start is
+       * not reported at all (the daemon would get a partial profile). */
+      if (!(rec->b & 0x100u) || r->in_measured)
+        rep_iter_end(r, rec, cap__ring_at(ring, tail + 1));
+      r->in_measured = false;
       break;
     default:
       break;
