@@ -331,6 +331,52 @@ out_free:
   return rc;
 }
 
+/* --- pruning ---------------------------------------------------------------
+ * The greedy takes choices against the over-budget region as it was when
+ * each was taken, and later rounds aim under the budget: some of the costly
+ * ones end up unnecessary. Undo them, costliest first, wherever the
+ * estimate stays within `target` without them. Undoing an eviction only
+ * keeps a tensor on the device longer, so every other action stays valid
+ * (a list that expected it dropped finds it resident). */
+typedef struct {
+  int64_t cost;
+  uint32_t ci;
+} cost_key_t;
+
+static int cmp_cost(const void *a, const void *b) {
+  const cost_key_t *x = a, *y = b;
+  if (x->cost != y->cost)
+    return x->cost > y->cost ? -1 : 1;
+  return x->ci < y->ci ? -1 : x->ci > y->ci;
+}
+
+static int prune(cap__ctx_t *c, int64_t target, uint32_t *n_pruned) {
+  *n_pruned = 0;
+  cost_key_t *keys = malloc(((size_t)c->n_ch + 1) * sizeof *keys);
+  if (!keys)
+    return CAP_ENOMEM;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->n_ch; i++)
+    if (!c->ch[i].pruned && c->ch[i].cost_ns > 0)
+      keys[n++] = (cost_key_t){c->ch[i].cost_ns, i};
+  qsort(keys, n, sizeof *keys, cmp_cost);
+  for (uint32_t i = 0; i < n; i++) {
+    cap__choice_t *ch = &c->ch[keys[i].ci];
+    const cap__gap_t *g = &c->gaps[ch->gap];
+    int64_t bytes = (int64_t)c->p->tensors[g->tensor].bytes;
+    if (ch->save_hi > ch->save_lo &&
+        cap__memtree_max(&c->mem, ch->save_lo, ch->save_hi) + bytes > target)
+      continue;
+    cap__memtree_add(&c->mem, ch->save_lo, ch->save_hi, bytes);
+    if (ch->method == CAP_METHOD_RECOMPUTE)
+      cap__memtree_add(&c->mem, g->b, g->b + 1, -ch->extra_bytes);
+    ch->pruned = true;
+    (*n_pruned)++;
+  }
+  free(keys);
+  return 0;
+}
+
 /* --- plan ------------------------------------------------------------------ */
 
 static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
@@ -342,6 +388,8 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
   for (uint32_t i = 0; i < c->n_ch && !rc; i++) {
     const cap__choice_t *ch = &c->ch[i];
     const cap__gap_t *g = &c->gaps[ch->gap];
+    if (ch->pruned)
+      continue;
     if (ch->method == CAP_METHOD_SWAP) {
       uint32_t tt = CAP_NONE, ta = 0;
       if (ch->trig_op != CAP_NONE &&
@@ -491,6 +539,27 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (next >= target)
       next = target - 1;
     target = next;
+  }
+  if (best && best->predicted_peak_bytes <= cfg->budget_bytes) {
+    uint32_t n_pruned;
+    rc = prune(&c, target < budget ? target : budget, &n_pruned);
+    if (rc)
+      goto out_free;
+    if (n_pruned) {
+      rc = build_plan(&c, &plan);
+      if (rc)
+        goto out_free;
+      rc = simulate(p, cfg, plan);
+      if (rc)
+        goto out_free;
+      if (better(plan, best, cfg->budget_bytes)) {
+        cap_plan_destroy(best);
+        best = plan;
+      } else {
+        cap_plan_destroy(plan);
+      }
+      plan = NULL;
+    }
   }
   if (!best) {
     rc = build_plan(&c, &best);

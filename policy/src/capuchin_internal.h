@@ -93,6 +93,7 @@ typedef struct cap__choice {
   int64_t in_start;        /* swap: when the swap-in starts, ns */
   int64_t out_end;         /* swap: when the swap-out ends, ns */
   uint32_t d2h_next;       /* next choice booked at the same D2H key */
+  bool pruned;             /* undone after the fact (see prune) */
   int64_t cost_ns;         /* recompute time or exposed swap time */
 } cap__choice_t;
 
