@@ -1,0 +1,230 @@
+/*
+ * capuchin-sim's planning modes as a user runs them: --budget with every
+ * policy (table and JSON), --emit-plan and --check-plan round trip, exit 2
+ * naming the smallest peak for an impossible budget, exit 64 with usage for
+ * bad arguments, exit 1 for unreadable or foreign plans.
+ */
+#include "cap_test.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "capuchin/planner.h"
+#include "capuchin/trace.h"
+
+#define SIM CAP_BIN_DIR "/capuchin-sim"
+
+typedef struct run {
+  int status;
+  char out[16384];
+  char err[8192];
+} run_t;
+
+static void slurp(const char *path, char *buf, size_t cap) {
+  buf[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+static void run(const char *args, run_t *r) {
+  char out_path[] = "/tmp/cap_simcli_out_XXXXXX";
+  char err_path[] = "/tmp/cap_simcli_err_XXXXXX";
+  int fo = mkstemp(out_path), fe = mkstemp(err_path);
+  char cmd[10240];
+  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", SIM, args, out_path, err_path);
+  int st = system(cmd);
+  r->status = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+  slurp(out_path, r->out, sizeof r->out);
+  slurp(err_path, r->err, sizeof r->err);
+  if (fo >= 0)
+    close(fo);
+  if (fe >= 0)
+    close(fe);
+  unlink(out_path);
+  unlink(err_path);
+}
+
+static const char *trace(const char *name) {
+  static char buf[1024];
+  snprintf(buf, sizeof buf, "%s/tests/data/traces/%s.trace", CAP_SOURCE_DIR, name);
+  return buf;
+}
+
+/* Value of the first "key": number after position `from` in s. */
+static long long num_after(const char *s, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *at = strstr(s, k);
+  return at ? strtoll(at + strlen(k), NULL, 10) : -1;
+}
+
+static void test_all_policies_json(void) {
+  char args[8192], err[256];
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy all --json",
+           trace("mobilenet_v2"));
+  run_t r;
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  cap_profile_t *p = NULL;
+  REQUIRE(cap_trace_load(trace("mobilenet_v2"), &p, err, sizeof err) == 0);
+  CHECK_EQ(num_after(r.out, "budget_bytes"),
+           (long long)cap_profile_budget_pct(p, 50));
+  CHECK(strncmp(r.out, "{\"trace\":", 9) == 0);
+  for (size_t i = 0; cap_planner_names[i]; i++) {
+    char pol[64];
+    snprintf(pol, sizeof pol, "{\"policy\":\"%s\",\"feasible\":", cap_planner_names[i]);
+    const char *at = strstr(r.out, pol);
+    CHECK(at != NULL);
+    if (!at)
+      continue;
+    const char *keys[] = {"peak_bytes", "iter_ns", "overhead_pct", "swap_out_bytes",
+                          "swap_in_bytes", "recompute_ns", "stall_ns", "plan_ms"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+      CHECK(num_after(at, keys[k]) >= 0);
+    CHECK(num_after(at, "iter_ns") >= p->ops[p->n_ops - 1].end_ns);
+  }
+  CHECK(strstr(r.out, "]}\n") != NULL);
+  cap_profile_destroy(p);
+
+  /* The same as a table. */
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy all",
+           trace("mobilenet_v2"));
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK(strstr(r.out, "policy") && strstr(r.out, "overhd %"));
+  for (size_t i = 0; cap_planner_names[i]; i++)
+    CHECK(strstr(r.out, cap_planner_names[i]) != NULL);
+}
+
+static void test_emit_and_check_plan(void) {
+  char plan_path[] = "/tmp/cap_simcli_plan_XXXXXX";
+  int fd = mkstemp(plan_path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  char args[8192];
+  run_t r;
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --json --emit-plan '%s'",
+           trace("resnet50"), plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  long long peak = num_after(r.out, "peak_bytes"), iter = num_after(r.out, "iter_ns");
+  snprintf(args, sizeof args, "--trace '%s' --check-plan '%s' --json",
+           trace("resnet50"), plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK_EQ(num_after(r.out, "peak_bytes"), peak);
+  CHECK_EQ(num_after(r.out, "iter_ns"), iter);
+  CHECK(strstr(r.out, "\"policy\":\"capuchin\"") != NULL);
+
+  /* Other bandwidths give another iteration time: the check says so. */
+  snprintf(args, sizeof args, "--trace '%s' --check-plan '%s' --h2d-gbps 5",
+           trace("resnet50"), plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 1);
+  CHECK(strstr(r.err, "re-simulated") != NULL);
+
+  /* The plan does not belong to another trace. */
+  snprintf(args, sizeof args, "--trace '%s' --check-plan '%s'", trace("vgg16"),
+           plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 1);
+  CHECK(strstr(r.err, "not a plan for") != NULL);
+
+  /* A damaged file. */
+  FILE *f = fopen(plan_path, "w");
+  REQUIRE(f);
+  fputs("{\"trace\":\"x\",\"budget_bytes\":1,\"policy\":\"p\",\"actions\":[{]}", f);
+  fclose(f);
+  snprintf(args, sizeof args, "--trace '%s' --check-plan '%s'", trace("resnet50"),
+           plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 1);
+  CHECK(strstr(r.err, "byte ") != NULL);
+  unlink(plan_path);
+  run("--trace /nonexistent.trace --check-plan /nonexistent.json", &r);
+  CHECK_EQ(r.status, 1);
+}
+
+static void test_impossible_budget_exits_2(void) {
+  char args[8192];
+  run_t r;
+  snprintf(args, sizeof args, "--trace '%s' --budget 1000 --policy dtr",
+           trace("vgg16"));
+  run(args, &r);
+  CHECK_EQ(r.status, 2);
+  CHECK(strstr(r.err, "smallest feasible peak") != NULL);
+  CHECK(strstr(r.err, "1000 bytes") != NULL);
+  snprintf(args, sizeof args, "--trace '%s' --budget 1000 --policy all --json",
+           trace("vgg16"));
+  run(args, &r);
+  CHECK_EQ(r.status, 2);
+  CHECK(strstr(r.out, "\"feasible\":true") == NULL);
+}
+
+static void test_bad_arguments_exit_64(void) {
+  const char *bad[] = {
+      "--budget 50%",
+      "--trace x --budget 0",
+      "--trace x --budget 50x",
+      "--trace x --budget -5%",
+      "--trace x --budget %",
+      "--trace x --budget 1e9",
+      "--trace x --budget 99999999999999999999999",
+      "--trace x --budget 50% --policy nope",
+      "--trace x --budget 50% --h2d-gbps 0",
+      "--trace x --budget 50% --d2h-gbps abc",
+      "--trace x --budget 50% --duplex-gbps -1",
+      "--trace x --budget 50% --duplex-gbps nan",
+      "--trace x --budget 50% --check-plan y",
+      "--trace x --info --budget 50%",
+      "--trace x --policy dtr",
+      "--trace x --emit-plan y",
+      "--trace x --evict-persistent",
+      "--trace x --budget",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    run_t r;
+    run(bad[i], &r);
+    if (r.status != 64)
+      fprintf(stderr, "args '%s': exit %d\n", bad[i], r.status);
+    CHECK_EQ(r.status, 64);
+    CHECK(strstr(r.err, "usage: capuchin-sim") != NULL);
+  }
+}
+
+static void test_options_change_the_answer(void) {
+  char args[8192];
+  run_t a, b;
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy vdnn --json",
+           trace("resnet50"));
+  run(args, &a);
+  snprintf(args, sizeof args,
+           "--trace '%s' --budget 50%% --policy vdnn --json --h2d-gbps 12 "
+           "--d2h-gbps 12 --duplex-gbps 20",
+           trace("resnet50"));
+  run(args, &b);
+  CHECK(num_after(b.out, "iter_ns") > num_after(a.out, "iter_ns"));
+  snprintf(args, sizeof args, "--trace '%s' --budget 3000000000 --policy passive-lru --json",
+           trace("resnet50"));
+  run(args, &a);
+  CHECK_EQ(a.status, 0);
+  CHECK_EQ(num_after(a.out, "budget_bytes"), 3000000000LL);
+  CHECK(num_after(a.out, "peak_bytes") <= 3000000000LL);
+}
+
+int main(void) {
+  if (access(SIM, X_OK) != 0) {
+    fprintf(stderr, "%s not built\n", SIM);
+    return 1;
+  }
+  RUN_TEST(test_all_policies_json);
+  RUN_TEST(test_emit_and_check_plan);
+  RUN_TEST(test_impossible_budget_exits_2);
+  RUN_TEST(test_bad_arguments_exit_64);
+  RUN_TEST(test_options_change_the_answer);
+  return TEST_SUMMARY();
+}
