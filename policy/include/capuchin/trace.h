@@ -5,6 +5,14 @@
  * naming the file, the line and the reason
  * ("resnet50.trace:1042: op 17: unknown tensor id 99999"). It never crashes,
  * leaks or reads out of bounds, whatever the input.
+ *
+ * Accepted: lines of printable ASCII ending in '\n' (the last one may lack
+ * it), fields separated by exactly one space, records in the order header,
+ * meta, tensor, op, free. Rejected with the line: empty lines, CR, NUL, tabs
+ * and any other byte outside 0x20-0x7e, numbers that are not plain decimal
+ * or overflow, ids of 2^31 or more, and whatever the profile builder
+ * refuses (profile.h). Errors that only the whole file shows (no ops,
+ * iter_ns before the last op's end) name the last line.
  */
 #ifndef CAPUCHIN_TRACE_H
 #define CAPUCHIN_TRACE_H
