@@ -111,6 +111,7 @@ static int on_recompute(void *user, uint32_t seq, const char *name,
 typedef struct row {
   cap_iter_stats_t st;
   int64_t predicted_ns;
+  uint64_t budget_bytes;
   int64_t mismatches, errors;
 } row_t;
 
@@ -123,11 +124,11 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            ",\"bytes_in\":%" PRIu64 ",\"recomputed_ops\":%u,\"stall_ns\":%" PRId64
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
            ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
-           ",\"predicted_ns\":%" PRId64 "}",
+           ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64 "}",
            first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
            s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
            s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
-           s->fallbacks, s->dropped_records, w->predicted_ns);
+           s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes);
   } else {
     if (first)
       printf("%4s %-8s %10s %10s %10s %10s %6s %9s %4s %10s %10s\n", "iter",
@@ -248,6 +249,11 @@ static int run_iteration(replay_t *r, row_t *row) {
     if (p->tensors[id].kind == CAP_KIND_ACTIVATION)
       (void)cap_client_free(c, id); /* swapped-out or dropped leftovers */
   row->predicted_ns = cap_client_plan_predicted_ns(c);
+  {
+    cap_client_stats_t cs;
+    cap_client_get_stats(c, &cs);
+    row->budget_bytes = cs.budget_bytes;
+  }
   rc = cap_client_iteration_end(c, &row->st);
   row->mismatches = r->mismatches;
   row->errors = r->errors;

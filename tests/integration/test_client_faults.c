@@ -1,0 +1,290 @@
+/*
+ * The client under a hand-made plan (loaded without a daemon) on the sim
+ * backend: swaps with prefetch, recompute through the callback, and the
+ * faults of issue 5 -- copies that fail, allocations that fail, a recompute
+ * callback that returns an error. Each must give an error to the caller or
+ * a fallback, never a crash, a hang or silent corruption (every access is
+ * checked against the pattern its writer left).
+ */
+#include <signal.h>
+#include <unistd.h>
+
+#include "cap_test.h"
+#include "capuchin/client.h"
+#include "capuchin/plan.h"
+
+#define MIB (1u << 20)
+
+/* The job: tensor 0 a weight, 1..6 activations.
+ *   op0: w  -> a1      op1: a1 -> a2      op2: a2 -> a3
+ *   op3: a3 -> a4      op4: a4, a1 -> a5  op5: a5, a2 -> a6
+ * a1 (accesses op0, op1, back-access op4) is swapped after access 2 and
+ * prefetched when op3 (a3's access 2) starts; a2 (accesses op1, op2,
+ * back-access op5) is dropped after access 2 and recomputed by replaying
+ * op1 (a1 -> a2). */
+enum { NT = 7, NOPS = 6 };
+static const uint32_t op_in[NOPS][2] = {{0}, {1}, {2}, {3}, {4, 1}, {5, 2}};
+static const uint32_t op_nin[NOPS] = {1, 1, 1, 1, 2, 2};
+static const uint32_t op_out[NOPS] = {1, 2, 3, 4, 5, 6};
+static const uint64_t bytes[NT] = {1 * MIB, 8 * MIB, 8 * MIB, 8 * MIB,
+                                   8 * MIB, 8 * MIB, 8 * MIB};
+static const char *names[NOPS] = {"op.a", "op.b", "op.c", "op.d", "op.e", "op.f"};
+
+typedef struct job {
+  cap_client_t *c;
+  uint32_t iter;
+  uint32_t seed_iter[NT];
+  int64_t mismatches;
+  int fail_recompute; /* callback returns an error while set */
+  int recomputes;
+} job_t;
+
+static uint64_t seed(uint32_t id, uint32_t it) { return ((uint64_t)id << 32) | it; }
+
+static int recompute_cb(void *user, uint32_t seq, const char *name,
+                        const uint32_t *in_ids, void *const *in_ptrs,
+                        uint32_t n_in, const uint32_t *out_ids,
+                        void *const *out_ptrs, uint32_t n_out) {
+  job_t *j = user;
+  (void)name;
+  j->recomputes++;
+  if (j->fail_recompute)
+    return -1;
+  if (seq >= NOPS)
+    return -1;
+  for (uint32_t i = 0; i < n_in; i++) {
+    int64_t bad = cap_client_pattern_check(j->c, in_ptrs[i], bytes[in_ids[i]],
+                                           seed(in_ids[i], j->seed_iter[in_ids[i]]));
+    if (bad)
+      j->mismatches += bad;
+  }
+  for (uint32_t i = 0; i < n_out; i++)
+    cap_client_pattern_fill(j->c, out_ptrs[i], bytes[out_ids[i]],
+                            seed(out_ids[i], j->seed_iter[out_ids[i]]));
+  return 0;
+}
+
+/* One iteration; returns the number of op begins that failed (with what). */
+static int run_iter(job_t *j, cap_iter_stats_t *st, int *last_err) {
+  cap_client_t *c = j->c;
+  int errs = 0;
+  CHECK_EQ(cap_client_iteration_begin(c), 0);
+  j->iter++;
+  for (uint32_t t = 1; t < NT; t++) {
+    uint32_t id;
+    CHECK_EQ(cap_client_declare(c, bytes[t], &id), 0);
+    CHECK_EQ(id, t);
+  }
+  for (uint32_t s = 0; s < NOPS; s++) {
+    void *in[2], *out[1];
+    int rc = cap_client_op_begin(c, names[s], op_in[s], op_nin[s], &op_out[s],
+                                 1, in, out);
+    if (rc < 0) {
+      errs++;
+      *last_err = rc;
+      continue;
+    }
+    for (uint32_t i = 0; i < op_nin[s]; i++) {
+      uint32_t id = op_in[s][i];
+      int64_t bad = cap_client_pattern_check(c, in[i], bytes[id],
+                                             seed(id, j->seed_iter[id]));
+      j->mismatches += bad;
+    }
+    j->seed_iter[op_out[s]] = j->iter;
+    cap_client_pattern_fill(c, out[0], bytes[op_out[s]], seed(op_out[s], j->iter));
+    cap_client_compute(c, 200000); /* 0.2 ms of trace time */
+    CHECK_EQ(cap_client_op_end(c), 0);
+  }
+  for (uint32_t t = 1; t < NT; t++)
+    cap_client_free(c, t);
+  CHECK_EQ(cap_client_iteration_end(c, st), 0);
+  return errs;
+}
+
+static cap_plan_t *make_plan(void) {
+  cap_plan_t *p = cap_plan_create("test", 64 * MIB);
+  /* a1: evict after access 2 (op1), prefetch when a3's access 2 (op3) starts */
+  cap_plan_add_swap(p, 1, 2, 3, 2, 0);
+  /* a2: drop after access 2 (op2), recompute with op1 */
+  uint32_t ops[] = {1};
+  cap_plan_add_recompute(p, 2, 2, ops, 1);
+  p->version = 7;
+  return p;
+}
+
+static job_t *open_job(uint64_t budget) {
+  static job_t j;
+  memset(&j, 0, sizeof j);
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.budget_bytes = budget;
+  cfg.time_scale = 1.0;
+  if (cap_client_create(&cfg, &j.c) != 0)
+    return NULL;
+  uint32_t id;
+  void *w;
+  if (cap_client_register(j.c, bytes[0], CAP_KIND_PARAM, &id, &w) != 0 || id != 0)
+    return NULL;
+  cap_client_pattern_fill(j.c, w, bytes[0], seed(0, 0));
+  cap_client_set_recompute(j.c, recompute_cb, &j);
+  return &j;
+}
+
+static void test_guided_plan(void) {
+  job_t *j = open_job(64 * MIB);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  CHECK_EQ(run_iter(j, &st, &err), 0); /* passive: builds the lineage */
+  CHECK_EQ(st.mode, CAP_MODE_PASSIVE);
+  cap_plan_t *p = make_plan();
+  CHECK_EQ(cap_client_load_plan(j->c, p), 0);
+  cap_plan_destroy(p);
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ(run_iter(j, &st, &err), 0);
+    CHECK_EQ(st.mode, CAP_MODE_GUIDED);
+    CHECK_EQ(st.plan_version, 7);
+    CHECK_EQ(st.bytes_out, 8 * MIB); /* a1 out and back in */
+    CHECK_EQ(st.bytes_in, 8 * MIB);
+    CHECK_EQ(st.recomputed_ops, 1);  /* a2 by op1 */
+    CHECK_EQ(st.evictions, 2);
+  }
+  CHECK(j->recomputes >= 3);
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+static void test_budget_passive(void) {
+  /* 30 MiB: w + at most three 8 MiB activations; LRU swapping makes it fit. */
+  job_t *j = open_job(30 * MIB);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ(run_iter(j, &st, &err), 0);
+    CHECK(st.peak_bytes <= 30 * MIB);
+    CHECK(st.evictions > 0);
+  }
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+static void test_copy_faults(void) {
+  job_t *j = open_job(64 * MIB);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  run_iter(j, &st, &err);
+  cap_plan_t *p = make_plan();
+  cap_client_load_plan(j->c, p);
+  cap_plan_destroy(p);
+  /* The swap-out of a1 fails: a1 stays on the device (fallback). */
+  cap_client_fault_copy(j->c, 1);
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK(st.fallbacks >= 1);
+  /* The prefetch (second copy) fails: retried synchronously. */
+  cap_client_fault_copy(j->c, 2);
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK(st.fallbacks >= 1);
+  cap_client_fault_copy(j->c, 0);
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+static void test_alloc_fault(void) {
+  job_t *j = open_job(64 * MIB);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  cap_client_fault_alloc(j->c, 3, false); /* the third allocation fails */
+  int errs = run_iter(j, &st, &err);
+  CHECK(errs >= 1);
+  CHECK_EQ(err, CAP_ENOMEM);
+  /* The job goes on: the next iteration is whole again. */
+  j->mismatches = 0;
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+static void test_recompute_fault(void) {
+  job_t *j = open_job(64 * MIB);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  run_iter(j, &st, &err);
+  cap_plan_t *p = make_plan();
+  cap_client_load_plan(j->c, p);
+  cap_plan_destroy(p);
+  j->fail_recompute = 1;
+  int errs = run_iter(j, &st, &err);
+  CHECK_EQ(errs, 1); /* op5 cannot get a2 */
+  CHECK_EQ(err, CAP_ERECOMPUTE);
+  CHECK(st.fallbacks >= 1);
+  /* Next iterations: a2 is swapped instead of dropped; no errors, no
+   * mismatches, and the callback is not needed. */
+  j->mismatches = 0;
+  int before = j->recomputes;
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(j->recomputes, before);
+  CHECK_EQ(st.recomputed_ops, 0);
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+static void test_bad_input(void) {
+  job_t *j = open_job(64 * MIB);
+  REQUIRE(j);
+  cap_client_t *c = j->c;
+  uint32_t id, bogus = 999;
+  CHECK_EQ(cap_client_op_begin(c, "x", &bogus, 1, NULL, 0, NULL, NULL), CAP_ESTATE);
+  CHECK_EQ(cap_client_declare(c, 10, &id), CAP_ESTATE);
+  CHECK_EQ(cap_client_iteration_begin(c), 0);
+  CHECK_EQ(cap_client_iteration_begin(c), CAP_ESTATE);
+  CHECK_EQ(cap_client_op_begin(c, "x", &bogus, 1, NULL, 0, NULL, NULL), CAP_EINVAL);
+  CHECK_EQ(cap_client_op_begin(c, NULL, NULL, 0, NULL, 0, NULL, NULL), CAP_EINVAL);
+  CHECK_EQ(cap_client_op_end(c), CAP_ESTATE);
+  CHECK_EQ(cap_client_free(c, 0), CAP_EINVAL); /* persistent */
+  CHECK_EQ(cap_client_free(c, 12345), CAP_EINVAL);
+  uint32_t w = 0;
+  CHECK_EQ(cap_client_op_begin(c, "x", &w, 1, NULL, 0, NULL, NULL), 0);
+  CHECK_EQ(cap_client_op_begin(c, "x", &w, 1, NULL, 0, NULL, NULL), CAP_ESTATE);
+  CHECK_EQ(cap_client_iteration_end(c, NULL), CAP_ESTATE);
+  CHECK_EQ(cap_client_op_end(c), 0);
+  CHECK_EQ(cap_client_iteration_end(c, NULL), 0);
+  /* A plan naming tensors this job does not have is refused at install. */
+  cap_plan_t *p = cap_plan_create("bad", 0);
+  cap_plan_add_swap(p, 4000, 1, CAP_NONE, 0, 0);
+  CHECK_EQ(cap_client_load_plan(c, p), 0);
+  cap_plan_destroy(p);
+  cap_iter_stats_t st;
+  CHECK_EQ(cap_client_iteration_begin(c), 0);
+  CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+  CHECK_EQ(st.mode, CAP_MODE_PASSIVE);
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "nonsense";
+  cap_client_t *c2 = NULL;
+  CHECK_EQ(cap_client_create(&cfg, &c2), CAP_EINVAL);
+  cfg.backend = "sim";
+  cfg.time_scale = -1;
+  CHECK_EQ(cap_client_create(&cfg, &c2), CAP_EINVAL);
+  cap_client_destroy(NULL);
+  cap_client_destroy(c);
+}
+
+int main(void) {
+  alarm(300); /* a hang is a failure */
+  RUN_TEST(test_guided_plan);
+  RUN_TEST(test_budget_passive);
+  RUN_TEST(test_copy_faults);
+  RUN_TEST(test_alloc_fault);
+  RUN_TEST(test_recompute_fault);
+  RUN_TEST(test_bad_input);
+  return TEST_SUMMARY();
+}
