@@ -766,6 +766,45 @@ static void test_allocation_cap(void) {
   free(one);
 }
 
+/* Every allocation protobuf-c makes can fail (the cap set just below what
+ * a message needs, at every step): the result is CAP_EQUOTA or the message,
+ * never a crash, and nothing stays allocated. */
+static void test_allocation_failure_at_every_point(void) {
+  for (int k = 1; k <= SAMPLE_COUNT; k++) {
+    sample_t s;
+    sample_fill(&s, k);
+    uint8_t *f;
+    size_t flen;
+    REQUIRE(cap_frame_encode_alloc(&s.env, 0, &f, &flen) == 0);
+    cap_frame_decoder_t *d = cap_frame_decoder_create(NULL);
+    REQUIRE(cap_frame_decoder_feed(d, f, flen) == 0);
+    Capuchin__Envelope *got;
+    char err[256];
+    REQUIRE(cap_frame_decoder_next(d, &got, err, sizeof err) == 1);
+    size_t need = cap_frame_decoder_allocated(d);
+    cap_frame_decoder_release(d, got);
+    cap_frame_decoder_destroy(d);
+
+    /* protobuf-c's peak during unpack (scratch for scanning fields) can be
+     * above what the message holds afterwards; below the peak every cap
+     * fails, from it on every cap succeeds. */
+    cap_frame_limits_t lim;
+    cap_frame_limits_init(&lim);
+    size_t first_ok = 0;
+    for (size_t cap = 1; cap <= 2 * need + 4096; cap++) {
+      lim.max_alloc_bytes = cap;
+      int rc = decode_one(f, flen, &lim, err, sizeof err);
+      if (first_ok == 0 && rc == 1)
+        first_ok = cap;
+      CHECK_EQ(rc, first_ok ? 1 : CAP_EQUOTA);
+      if (first_ok && cap > first_ok + 64)
+        break;
+    }
+    CHECK(first_ok >= need);
+    free(f);
+  }
+}
+
 /* Feeding without draining is bounded too. */
 static void test_buffer_quota(void) {
   cap_frame_limits_t lim;
@@ -938,6 +977,7 @@ int main(void) {
   RUN_TEST(test_unknown_message);
   RUN_TEST(test_embedded_nul_refused);
   RUN_TEST(test_allocation_cap);
+  RUN_TEST(test_allocation_failure_at_every_point);
   RUN_TEST(test_buffer_quota);
   RUN_TEST(test_encode_errors);
   RUN_TEST(test_large_frame);
