@@ -157,6 +157,11 @@ struct cap_daemon {
   uv_timer_t probe;
   bool probing;
   uint64_t probe_last_ns;
+  uv_prepare_t turn;     /* resumes connections throttled last turn */
+  bool turn_init;
+  void *throttled;       /* conn_t list (server.c) */
+  uint64_t turn_no;      /* loop turns seen by `turn` */
+  size_t turn_bytes;     /* bytes all connections fed this turn */
   uv_async_t stop_async;
   bool stop_async_init;
   bool stopping;

@@ -45,6 +45,7 @@ typedef struct task {
   cap__iter_records_t rec;
   int64_t iter_ns;
   uint64_t peak_bytes;
+  uint64_t resident_bytes;
   cap_feedback_t *fb;
   uint32_t n_fb;
   cap_plan_t *plan_in; /* refine: a clone of the plan in force */
@@ -260,6 +261,14 @@ static void work_cb(uv_work_t *req) {
     if (t->peak_bytes) {
       meta[m++] = "peak_bytes";
       meta[m++] = peak;
+    }
+    /* Bytes live before the iteration (Hello.persistent_bytes): the base of
+     * the memory curve, as resident_bytes is in a trace. */
+    char resident[32];
+    if (t->resident_bytes) {
+      snprintf(resident, sizeof resident, "%" PRIu64, t->resident_bytes);
+      meta[m++] = "resident_bytes";
+      meta[m++] = resident;
     }
     meta[m++] = "source";
     meta[m++] = "capuchind";
@@ -493,6 +502,7 @@ void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
   memset(rec, 0, sizeof *rec);
   t->iter_ns = iter_ns;
   t->peak_bytes = peak_bytes;
+  t->resident_bytes = s->hello_persistent;
   snprintf(t->job_name, sizeof t->job_name, "%s", s->job_name);
   snprintf(t->device_name, sizeof t->device_name, "%s", s->device_name);
   submit(s, t);

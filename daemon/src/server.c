@@ -29,8 +29,21 @@ typedef struct conn {
   size_t pending;    /* bytes queued for writing */
   bool closing;
   bool reading;
+  bool paused;    /* by the session (Hello in flight) */
+  bool throttled; /* read its share this loop turn; resumed next turn */
+  size_t turn_bytes;
+  uint64_t turn_no; /* the turn turn_bytes counts */
+  struct conn *next_throttled;
   char buf[64 * 1024];
 } conn_t;
+
+/* Bytes one connection may feed per loop turn before yielding to the others
+ * (libuv would otherwise read up to 32 buffers per wakeup): bounds the loop
+ * stall a fast client can cause, as redis caps work per event. */
+#define TURN_BYTES (128u * 1024u)
+/* And all connections together: what keeps a timer's lateness bounded with
+ * many busy clients (32 clients x 64 KiB reads would be ~40 ms of work). */
+#define TURN_BYTES_ALL (256u * 1024u)
 
 typedef struct write_req {
   uv_write_t req;
@@ -41,6 +54,13 @@ typedef struct write_req {
 
 static void on_conn_close(uv_handle_t *h) {
   conn_t *c = h->data;
+  if (c->throttled) {
+    conn_t **pp = (conn_t **)&c->d->throttled;
+    while (*pp && *pp != c)
+      pp = &(*pp)->next_throttled;
+    if (*pp)
+      *pp = c->next_throttled;
+  }
   if (c->s)
     cap__session_detach(c->s);
   free(c);
@@ -123,14 +143,40 @@ static void io_close(void *ctx) {
   conn_close(c);
 }
 
+static void throttle(conn_t *c) {
+  if (c->reading && !c->closing) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = false;
+  }
+  if (!c->throttled) {
+    c->throttled = true;
+    c->next_throttled = c->d->throttled;
+    c->d->throttled = c;
+  }
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   conn_t *c = h->data;
-  *buf = uv_buf_init(c->buf, sizeof c->buf);
+  if (c->turn_no != c->d->turn_no) {
+    c->turn_no = c->d->turn_no;
+    c->turn_bytes = 0;
+  }
+  /* Over this turn's share: no buffer (UV_ENOBUFS), read it next turn. */
+  if (c->turn_bytes >= TURN_BYTES || c->d->turn_bytes >= TURN_BYTES_ALL)
+    *buf = uv_buf_init(NULL, 0);
+  else
+    *buf = uv_buf_init(c->buf, sizeof c->buf);
 }
 
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   conn_t *c = st->data;
+  if (n == UV_ENOBUFS) {
+    throttle(c);
+    return;
+  }
   if (n > 0) {
+    c->turn_bytes += (size_t)n;
+    c->d->turn_bytes += (size_t)n;
     cap__session_feed(c->s, buf->base, (size_t)n);
     return;
   }
@@ -145,6 +191,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
 
 static void io_pause(void *ctx) {
   conn_t *c = ctx;
+  c->paused = true;
   if (c->reading && !c->closing) {
     uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = false;
@@ -153,7 +200,8 @@ static void io_pause(void *ctx) {
 
 static void io_resume(void *ctx) {
   conn_t *c = ctx;
-  if (!c->reading && !c->closing &&
+  c->paused = false;
+  if (!c->reading && !c->closing && !c->throttled &&
       uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
     c->reading = true;
 }
@@ -162,6 +210,23 @@ static const cap__session_io_t conn_io = {
     .send = io_send, .close = io_close, .pause = io_pause,
     .resume = io_resume,
 };
+
+static void on_turn(uv_prepare_t *h) {
+  cap_daemon_t *d = h->data;
+  conn_t *c = d->throttled;
+  d->throttled = NULL;
+  d->turn_no++;
+  d->turn_bytes = 0;
+  while (c) {
+    conn_t *next = c->next_throttled;
+    c->throttled = false;
+    c->next_throttled = NULL;
+    c->turn_bytes = 0;
+    if (!c->paused)
+      io_resume(c);
+    c = next;
+  }
+}
 
 /* --- Accept and authorise ----------------------------------------------------- */
 
@@ -305,6 +370,10 @@ static void begin_stop(cap_daemon_t *d) {
   if (d->probing) {
     uv_close((uv_handle_t *)&d->probe, close_cb_noop);
     d->probing = false;
+  }
+  if (d->turn_init) {
+    uv_close((uv_handle_t *)&d->turn, close_cb_noop);
+    d->turn_init = false;
   }
   if (d->stop_async_init) {
     uv_close((uv_handle_t *)&d->stop_async, close_cb_noop);
@@ -512,6 +581,11 @@ int cap_daemon_create(const cap_daemon_config_t *cfg,
   }
   chmod(cfg->socket_path, 0660);
   d->listening = true;
+  uv_prepare_init(d->loop, &d->turn);
+  d->turn.data = d;
+  uv_prepare_start(&d->turn, on_turn);
+  uv_unref((uv_handle_t *)&d->turn);
+  d->turn_init = true;
   uv_async_init(d->loop, &d->stop_async, on_stop_async);
   d->stop_async.data = d;
   d->stop_async_init = true;

@@ -39,7 +39,8 @@ static long long count(const char *sql) {
 static void test_measured_plan_within_1s(void) {
   tc_t c;
   REQUIRE(tc_connect(&c, D.sock) == 0);
-  tc_hello_args_t a = {.job = "resnet50-a", .budget_bytes = BUDGET};
+  tc_hello_args_t a = {.job = "resnet50-a", .budget_bytes = BUDGET,
+                       .persistent_bytes = P->resident_bytes};
   tc_welcome_t w;
   REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
   CHECK(w.job_id > 0);
