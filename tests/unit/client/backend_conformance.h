@@ -234,7 +234,8 @@ static void conf_run_op(void) {
   int64_t el = cap_backend_now_ns(B) - t0;
   /* sim may credit up to 0.2 ms of real time of wake-up lateness */
   CHECK(el >= 20000000 - (int64_t)(200000 / cap_backend_info(B)->time_scale));
-  CHECK(el < 20000000 * 10LL);
+  /* upper bound: generous, in real time (sanitizers, a loaded 2-core CI) */
+  CHECK(el < 20000000 * 10LL + (int64_t)(100e6 / cap_backend_info(B)->time_scale));
   cap_op_buf_t v = {.ptr = dev, .bytes = n, .verify_seed = 9, .flags = CAP_OPBUF_VERIFY};
   CHECK_EQ(cap_backend_run_op(B, 0, &v, 1), 0);
   CHECK_EQ(cap_backend_mismatches(B, &bad), 0);
@@ -464,9 +465,9 @@ static void conf_bandwidth(size_t n, bool modelled) {
          n / MIB, h2d / 1e6, want_h2d / 1e6, d2h / 1e6, want_d2h / 1e6, duo / 1e6,
          want_duo / 1e6);
   double lo = modelled ? 0.97 : 0.5; /* real hardware may beat its probe */
-  CHECK(h2d >= lo * want_h2d && h2d <= 3.0 * want_h2d + 30e6);
-  CHECK(d2h >= lo * want_d2h && d2h <= 3.0 * want_d2h + 30e6);
-  CHECK(duo >= lo * want_duo && duo <= 3.0 * want_duo + 30e6);
+  CHECK(h2d >= lo * want_h2d && h2d <= 3.0 * want_h2d + 100e6);
+  CHECK(d2h >= lo * want_d2h && d2h <= 3.0 * want_d2h + 100e6);
+  CHECK(duo >= lo * want_duo && duo <= 3.0 * want_duo + 100e6);
 }
 
 static size_t conf_big;      /* bytes for the long copies */

@@ -50,8 +50,8 @@ static void sim_duplex_exact(void) {
   int64_t t_h2d = cap_backend_now_ns(b) - t0;
   printf("  duplex: D2H %.3f ms (model 3.000), H2D %.3f ms (model 4.875)\n", t_d2h / 1e6,
          t_h2d / 1e6);
-  CHECK(t_d2h >= 2900000 && t_d2h < 3000000 * 4 + 30000000);
-  CHECK(t_h2d >= 4750000 && t_h2d < 4875000 * 4 + 30000000);
+  CHECK(t_d2h >= 2900000 && t_d2h < 3000000 * 4 + 100000000);
+  CHECK(t_h2d >= 4750000 && t_h2d < 4875000 * 4 + 100000000);
   CHECK(t_h2d > t_d2h);
   CHECK(((unsigned char *)d1)[big - 1] == 1 && ((unsigned char *)h2)[small - 1] == 2);
   cap_backend_event_destroy(b, e1);
@@ -81,7 +81,7 @@ static void sim_serialised(void) {
   CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_H2D), 0);
   int64_t el = cap_backend_now_ns(b) - t0;
   printf("  two 8 MB H2D copies: %.3f ms (model 2.000)\n", el / 1e6);
-  CHECK(el >= 1950000 && el < 2000000 * 4 + 30000000);
+  CHECK(el >= 1950000 && el < 2000000 * 4 + 100000000);
   cap_backend_device_free(b, d);
   cap_backend_host_free(b, h);
   cap_backend_destroy(b);
@@ -102,15 +102,15 @@ static void sim_time_scale(void) {
   clock_gettime(CLOCK_MONOTONIC, &r1);
   double real = (double)(r1.tv_sec - r0.tv_sec) * 1e9 + (double)(r1.tv_nsec - r0.tv_nsec);
   printf("  10 ops of 10 ms at scale 0.05: clock %.2f ms, real %.2f ms\n", el / 1e6, real / 1e6);
-  CHECK(el >= 100000000 && el < 100000000 * 3);
-  CHECK(real >= 0.05 * 100e6 * 0.99 && real < 0.05 * 100e6 * 3 + 20e6);
+  CHECK(el >= 100000000 && el < 100000000 + (int64_t)(100e6 / 0.05));
+  CHECK(real >= 0.05 * 100e6 * 0.99 && real < 0.05 * 100e6 * 3 + 100e6);
   /* ops back to back do not accumulate sleep overshoot: 200 ops of 50 us */
   t0 = cap_backend_now_ns(b);
   for (int i = 0; i < 200; i++)
     CHECK_EQ(cap_backend_run_op(b, 50000, NULL, 0), 0);
   el = cap_backend_now_ns(b) - t0;
   printf("  200 ops of 50 us at scale 0.05: clock %.2f ms (model 10.00)\n", el / 1e6);
-  CHECK(el >= 10000000 - 200000 / 0.05 && el < 10000000 * 3 + 20000000);
+  CHECK(el >= 10000000 - 200000 / 0.05 && el < 10000000 * 3 + 100000000);
   cap_backend_destroy(b);
 }
 
