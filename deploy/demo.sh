@@ -106,7 +106,7 @@ plan=$("$bin/capuchin-query" --db "$tmp/capuchin.db" --format csv plans |
   awk -F, 'NR > 1 { id = $1 } END { print id }')
 if [ -n "$plan" ]; then
   say "plan $plan: top actions"
-  "$bin/capuchin-query" --db "$tmp/capuchin.db" plan "$plan" | head -n 20
+  "$bin/capuchin-query" --db "$tmp/capuchin.db" plan "$plan" | sed -n '1,20p'
 else
   echo "demo: the daemon stored no plan (see its log below)" >&2
   tail -n 20 "$tmp/capuchind.log" >&2

@@ -74,6 +74,14 @@ int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg) {
   rc = cap_backend_event_create(d->b, &d->compute_ev);
   if (rc < 0)
     goto out_host_bfc;
+  if (cfg->host_pool_bytes) {
+    /* One arena for the pool, touched once; best effort. */
+    void *p = NULL;
+    if (cap_bfc_alloc(d->host_bfc, cfg->host_pool_bytes, &p) == 0) {
+      memset(p, 0, cfg->host_pool_bytes);
+      cap_bfc_free(d->host_bfc, p);
+    }
+  }
 
   c->dev = d;
   snprintf(c->backend, sizeof c->backend, "%s", d->info->backend);

@@ -398,6 +398,13 @@ int main(int argc, char **argv) {
   cfg.backend = backend;
   cfg.time_scale = scale;
   cfg.no_daemon = no_daemon;
+  {
+    /* Swaps need about what the unmanaged peak exceeds the budget by. */
+    cap_curve_t curve = {0};
+    if (budget && cap_curve_compute(p, &curve) == 0 && curve.peak_bytes > budget)
+      cfg.host_pool_bytes = (curve.peak_bytes - budget) + (curve.peak_bytes - budget) / 4;
+    cap_curve_close(&curve);
+  }
   cfg.connect_timeout_ms = no_daemon ? 0 : 2000;
   cap_client_t *c = NULL;
   rc = cap_client_create(&cfg, &c);
@@ -455,6 +462,15 @@ int main(int argc, char **argv) {
   }
   if (json)
     printf("\n]\n");
+  {
+    cap_client_stats_t cs;
+    cap_client_get_stats(c, &cs);
+    fprintf(stderr,
+            "capuchin-replay: %u iterations; daemon %s, %u reconnects; plan "
+            "v%u; %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
+            cs.iterations, no_daemon ? "off" : cs.connected ? "connected" : "unreachable",
+            cs.reconnects, cs.plan_version, cs.evictions, cs.fallbacks);
+  }
   if (total_mm || total_err) {
     fprintf(stderr, "capuchin-replay: %" PRId64 " integrity mismatches, %" PRId64
                     " op errors\n", total_mm, total_err);

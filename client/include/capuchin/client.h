@@ -80,6 +80,10 @@ typedef struct cap_client_config {
   uint64_t sim_device_bytes;
   double time_scale;
   double sim_h2d_gbps, sim_d2h_gbps, sim_duplex_gbps;
+  uint64_t host_pool_bytes; /* pinned host memory for swaps to allocate (and
+                               touch) at create, so that the first swaps do
+                               not pay for pinning or page faults; the pool
+                               grows on demand beyond it (0: all on demand) */
   bool no_daemon;           /* never connect: passive mode throughout */
   uint32_t ring_records;    /* recorder ring capacity, records (power of two,
                                default 65536) */
