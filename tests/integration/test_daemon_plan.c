@@ -17,6 +17,18 @@
 #include "store.h"
 #include "testclient.h"
 
+/* The 1 s of issue 4 is for a product build; sanitizers slow planning ~10x. */
+#if defined(__SANITIZE_ADDRESS__)
+#define PLAN_LIMIT_MS 10000
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define PLAN_LIMIT_MS 10000
+#endif
+#endif
+#ifndef PLAN_LIMIT_MS
+#define PLAN_LIMIT_MS 1000
+#endif
+
 static tc_daemon_t D;
 static cap_profile_t *P;
 static uint64_t BUDGET;
@@ -56,7 +68,7 @@ static void test_measured_plan_within_1s(void) {
          plan->version, plan->n_actions, (unsigned long long)ms,
          (unsigned long long)plan->predicted_peak_bytes,
          (unsigned long long)BUDGET);
-  CHECK(ms <= 1000);
+  CHECK(ms <= PLAN_LIMIT_MS);
   CHECK_EQ(plan->version, 1);
   CHECK_EQ(plan->budget_bytes, BUDGET);
   char err[256] = "";
