@@ -37,7 +37,7 @@ static const char *path_in(const char *name) {
 /* Run capuchin-query with args (a shell fragment); stdout to out.txt,
  * stderr to err.txt. Returns the exit status. */
 static int query(const char *args) {
-  char cmd[2048];
+  char cmd[8192];
   snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", query_bin, args,
            path_in("out.txt"), path_in("err.txt"));
   int st = system(cmd);
@@ -212,7 +212,7 @@ static void populate(void) {
 }
 
 static void test_jobs(void) {
-  char args[700];
+  char args[2048];
   snprintf(args, sizeof args, "--db '%s' jobs", db_path);
   CHECK_EQ(query(args), 0);
   CHECK(file_contains(path_in("out.txt"), "resnet50-rank0"));
@@ -236,7 +236,7 @@ static void test_jobs(void) {
 }
 
 static void test_profiles_and_plans(void) {
-  char args[700], sig[32];
+  char args[2048], sig[32];
   snprintf(sig, sizeof sig, "%016llx",
            (unsigned long long)cap_profile_signature(prof));
   snprintf(args, sizeof args, "--db '%s' --format json profiles", db_path);
@@ -300,7 +300,7 @@ static void test_profiles_and_plans(void) {
 }
 
 static void test_iterations(void) {
-  char args[700], script[600];
+  char args[2048], script[600];
   snprintf(args, sizeof args, "--db '%s' --format json iterations %lld",
            db_path, (long long)job_a);
   CHECK_EQ(query(args), 0);
@@ -321,8 +321,9 @@ static void test_iterations(void) {
 }
 
 static void test_timeline(void) {
-  char args[900];
-  const char *svg = path_in("timeline.svg");
+  char args[2048];
+  char svg[600]; /* path_in's buffers rotate: keep a copy */
+  snprintf(svg, sizeof svg, "%s", path_in("timeline.svg"));
   snprintf(args, sizeof args, "--db '%s' timeline %lld --svg '%s'", db_path,
            (long long)plan2, svg);
   CHECK_EQ(query(args), 0);
@@ -332,7 +333,7 @@ static void test_timeline(void) {
   CHECK(file_contains(svg, "planned (simulated)"));
   CHECK(file_contains(svg, "device memory (MiB)"));
   if (have_python) {
-    char cmd[900];
+    char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "python3 -c 'import sys,xml.etree.ElementTree as E; "
              "r=E.parse(sys.argv[1]).getroot(); "
@@ -345,7 +346,7 @@ static void test_timeline(void) {
   }
   /* Optional: render it in headless Chromium when installed. */
   if (system("command -v chromium >/dev/null 2>&1") == 0) {
-    char cmd[1600];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "timeout 60 chromium --headless --no-sandbox --disable-gpu "
              "--disable-background-networking --disable-component-update "
@@ -366,8 +367,9 @@ static void test_timeline(void) {
 }
 
 static void test_export_trace(void) {
-  char args[900];
-  const char *out = path_in("exported.trace");
+  char args[2048];
+  char out[600];
+  snprintf(out, sizeof out, "%s", path_in("exported.trace"));
   snprintf(args, sizeof args, "--db '%s' export-trace %lld -o '%s'", db_path,
            (long long)prof_id, out);
   CHECK_EQ(query(args), 0);
@@ -394,7 +396,7 @@ static void test_export_trace(void) {
   char sim[600];
   snprintf(sim, sizeof sim, "%s/capuchin-sim", CAP_BIN_DIR);
   if (access(sim, X_OK) == 0) {
-    char cmd[1400];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' --trace '%s' --info >'%s' 2>&1", sim, out,
              path_in("sim.txt"));
     CHECK(system(cmd) == 0);
@@ -408,7 +410,7 @@ static void test_export_trace(void) {
 }
 
 static void test_bad_usage(void) {
-  char args[900];
+  char args[2048];
   CHECK_EQ(query(""), 64);
   CHECK(file_contains(path_in("err.txt"), "usage: capuchin-query"));
   CHECK_EQ(query("frobnicate"), 64);
@@ -453,7 +455,7 @@ static void test_while_writing(void) {
       usleep(500); /* a busy daemon's pace, not a flood */
     }
   }
-  char args[700];
+  char args[2048];
   snprintf(args, sizeof args, "--db '%s' --format json iterations %lld",
            db_path, (long long)job_b);
   int ok = 0;
