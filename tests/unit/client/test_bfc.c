@@ -357,6 +357,30 @@ static void test_faultsim_arena(void) {
   cap_bfc_destroy(a);
 }
 
+/* The fault points count calls exactly: fail the 3rd call from now and the
+ * one after it, then never again; disarm; fail forever. */
+static void test_faultsim_counting(void) {
+  cap_faultsim_reset();
+  bool got[8];
+  cap_faultsim_arm(CAP_FAULT_CLIENT_ALLOC, 3, 2);
+  for (int i = 0; i < 8; i++)
+    got[i] = cap_faultsim_step(CAP_FAULT_CLIENT_ALLOC);
+  bool want[8] = {false, false, true, true, false, false, false, false};
+  for (int i = 0; i < 8; i++)
+    CHECK_EQ(got[i], want[i]);
+  CHECK_EQ(cap_faultsim_injected(CAP_FAULT_CLIENT_ALLOC), 2);
+  CHECK(!cap_faultsim_step(CAP_FAULT_DEVICE_ALLOC)); /* other points untouched */
+  cap_faultsim_arm(CAP_FAULT_CLIENT_ALLOC, 1, -1);
+  for (int i = 0; i < 100; i++)
+    CHECK(cap_faultsim_step(CAP_FAULT_CLIENT_ALLOC));
+  cap_faultsim_arm(CAP_FAULT_CLIENT_ALLOC, 0, 0); /* disarm */
+  CHECK(!cap_faultsim_step(CAP_FAULT_CLIENT_ALLOC));
+  CHECK_EQ(cap_faultsim_injected(CAP_FAULT_CLIENT_ALLOC), 102);
+  cap_faultsim_reset();
+  CHECK_EQ(cap_faultsim_injected(CAP_FAULT_CLIENT_ALLOC), 0);
+  CHECK(!cap_faultsim_step(CAP_FAULT_COUNT)); /* out of range: never fails */
+}
+
 /* ---- randomized run against a reference model ---- */
 
 typedef struct { uintptr_t addr; size_t bytes; } iv;
@@ -530,6 +554,7 @@ int main(void) {
   RUN_TEST(test_growth_and_trim);
   RUN_TEST(test_source_failure);
   RUN_TEST(test_faultsim_arena);
+  RUN_TEST(test_faultsim_counting);
   RUN_TEST(test_random_vs_reference);
   return TEST_SUMMARY();
 }
