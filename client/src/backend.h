@@ -230,7 +230,10 @@ int cap_backend_run_op(cap_backend_t *b, int64_t duration_ns,
                        const cap_op_buf_t *bufs, size_t n);
 
 /* Fill device memory with the pattern of `seed`, or set every byte to
- * `byte`, on the compute stream (asynchronous on cuda). */
+ * `byte`, on the compute stream (asynchronous on cuda). sim: done by the
+ * caller's thread at memory speed, and that time passes on the clock as
+ * extra compute time; inside cap_backend_run_op it counts towards the op's
+ * duration instead. */
 int cap_backend_pattern_fill(cap_backend_t *b, void *dev, size_t bytes,
                              uint64_t seed);
 int cap_backend_memset(cap_backend_t *b, void *dev, int byte, size_t bytes);

@@ -397,7 +397,7 @@ static int cuda_run_op(void *impl, int64_t duration_ns, const cap_op_buf_t *bufs
   do {
     size_t k = n - done > KMAX ? KMAX : n - done;
     bool last = done + k == n;
-    if ((rc = launch(c, bufs + done, k, last ? duration_ns : 0, c->d_counters)))
+    if ((rc = launch(c, k ? bufs + done : NULL, k, last ? duration_ns : 0, c->d_counters)))
       return rc;
     done += k;
   } while (done < n);
