@@ -192,10 +192,14 @@ static void bin_remove(cap_bfc_t *a, chunk *c) {
 
 /* Smallest free chunk of at least `bytes`, lowest address among equals. */
 static chunk *best_fit(cap_bfc_t *a, size_t bytes) {
-  for (int b = bin_of(bytes); b < CAP_BFC_BINS; b++)
-    for (chunk *c = a->bins[b].head; c; c = c->bin_next)
+  for (int b = bin_of(bytes); b < CAP_BFC_BINS; b++) {
+    const bin_list *l = &a->bins[b];
+    if (!l->tail || l->tail->bytes < bytes)
+      continue; /* nothing in this bin is big enough */
+    for (chunk *c = l->head; c; c = c->bin_next)
       if (c->bytes >= bytes)
         return c;
+  }
   return NULL;
 }
 
