@@ -3,6 +3,7 @@
  * and the eviction candidates (every gap between two consecutive accesses
  * of an evictable tensor).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,14 +158,6 @@ uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit) {
   return lo == 0 ? CAP_NONE : lo - 1;
 }
 
-static bool op_lists_output(const cap_profile_t *p, uint32_t op, uint32_t t) {
-  const cap_op_t *o = &p->ops[op];
-  const uint32_t *out = cap_op_outputs(p, o);
-  for (uint32_t i = 0; i < o->n_out; i++)
-    if (out[i] == t)
-      return true;
-  return false;
-}
 
 /* Index (0-based) of the first access of x with op >= op. */
 static uint32_t access_lower(const cap_profile_t *p, uint32_t x, uint32_t op) {
@@ -304,29 +297,49 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
     diff[i] = run;
   }
 
-  /* Writes after the producer (in-place ops and out= ops), per tensor. */
-  for (uint32_t x = 0; x < nt; x++) {
-    const cap_tensor_t *t = &p->tensors[x];
-    const uint32_t *acc = p->access_ops + t->access_off;
-    uint32_t cnt = 0;
-    for (uint32_t k = 0; k < t->n_accesses; k++)
-      if (acc[k] != t->producer_op && !(p->ops[acc[k]].flags & CAP_OP_VIEW) &&
-          op_lists_output(p, acc[k], x))
-        cnt++;
-    c->mod_off[x + 1] = c->mod_off[x] + cnt;
+  /* Writes after the producer (in-place ops and out= ops), per tensor,
+   * counted op by op so that an op with thousands of outputs (a fused
+   * optimizer step) costs its size, not its size squared. */
+  for (uint32_t o = 0; o < n; o++) {
+    const cap_op_t *op = &p->ops[o];
+    if (op->flags & CAP_OP_VIEW)
+      continue;
+    const uint32_t *out = cap_op_outputs(p, op);
+    for (uint32_t j = 0; j < op->n_out; j++)
+      if (p->tensors[out[j]].producer_op != o)
+        c->mod_off[out[j] + 1]++;
   }
+  for (uint32_t x = 0; x < nt; x++)
+    c->mod_off[x + 1] += c->mod_off[x];
   c->mods = malloc(((size_t)c->mod_off[nt] + 1) * sizeof *c->mods);
   c->gaps = malloc(((size_t)n_gaps + 1) * sizeof *c->gaps);
-  if (!c->mods || !c->gaps)
+  c->gap_key = malloc(((size_t)n_gaps + 1) * sizeof *c->gap_key);
+  c->no_hidden = calloc((size_t)n_gaps + 1, 1);
+  if (!c->mods || !c->gaps || !c->gap_key || !c->no_hidden)
     goto out_fail;
+  for (uint32_t i = 0; i <= n_gaps; i++)
+    c->gap_key[i] = HUGE_VAL; /* not evaluated yet: ranks first */
+  {
+    /* fill in op order: each tensor's list comes out ascending */
+    uint32_t *w = malloc(((size_t)nt + 1) * sizeof *w);
+    if (!w)
+      goto out_fail;
+    for (uint32_t x = 0; x < nt; x++)
+      w[x] = c->mod_off[x];
+    for (uint32_t o = 0; o < n; o++) {
+      const cap_op_t *op = &p->ops[o];
+      if (op->flags & CAP_OP_VIEW)
+        continue;
+      const uint32_t *out = cap_op_outputs(p, op);
+      for (uint32_t j = 0; j < op->n_out; j++)
+        if (p->tensors[out[j]].producer_op != o)
+          c->mods[w[out[j]]++] = o;
+    }
+    free(w);
+  }
   for (uint32_t x = 0; x < nt; x++) {
     const cap_tensor_t *t = &p->tensors[x];
     const uint32_t *acc = p->access_ops + t->access_off;
-    uint32_t w = c->mod_off[x];
-    for (uint32_t k = 0; k < t->n_accesses; k++)
-      if (acc[k] != t->producer_op && !(p->ops[acc[k]].flags & CAP_OP_VIEW) &&
-          op_lists_output(p, acc[k], x))
-        c->mods[w++] = acc[k];
     if (!evictable_kind(c, t) || t->n_accesses < 2)
       continue;
     for (uint32_t k = 1; k < t->n_accesses; k++) {
@@ -382,6 +395,8 @@ void cap__ctx_close(cap__ctx_t *c) {
   free(c->slot_choice);
   free(c->restored.v);
   free(c->gaps);
+  free(c->gap_key);
+  free(c->no_hidden);
   free(c->ch);
   free(c->rc_ops);
   free(c->mark);

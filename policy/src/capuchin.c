@@ -154,13 +154,16 @@ static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
       break; /* cannot be hidden even with idle engines */
     cap__gap_t eg;
     const cap__gap_t *g = &eg;
-    if (!eff_gap(c, order[i].gi, &eg))
+    if (c->no_hidden[order[i].gi] || !eff_gap(c, order[i].gi, &eg))
       continue;
     if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
       continue;
     cap__swap_eval_t ev;
-    if (!cap__ft_eval(c, g, true, &ev))
+    if (!cap__ft_eval(c, g, true, &ev)) {
+      /* the engines only get busier: it will not be hidden later either */
+      c->no_hidden[order[i].gi] = 1;
       continue;
+    }
     if (cap__memtree_max(&c->mem, ev.save_lo, ev.save_hi) <= target)
       continue;
     int rc = take_swap(c, order[i].gi, g, &ev);
@@ -247,11 +250,15 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
     *o = (opt_t){*g, true, true, ev, 0, 0, ev.save_lo, ev.save_hi};
     return 0;
   }
-  bool have_swap = cap__ft_eval(c, g, false, &ev);
   int64_t cost, extra;
   int rc = cap__rc_build(c, g, &cost, &extra);
   if (rc == CAP_ENOMEM)
     return rc;
+  /* an exposed swap costs at least its swap-in: skip it when the replay
+   * is cheaper anyway */
+  bool have_swap = false;
+  if (rc != 0 || cost > cap_copy_ns(c->p->tensors[g->tensor].bytes, c->h2d_gbps))
+    have_swap = cap__ft_eval(c, g, false, &ev);
   /* A replay's temporaries must not make its back-access a new peak. */
   if (rc == 0 && extra > 0 &&
       cap__memtree_max(&c->mem, g->b, g->b + 1) + extra > target)
@@ -288,17 +295,16 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
   heap_t h = {0};
   int rc = 0;
   const cap_profile_t *p = c->p;
+  /* Lazy greedy: each gap enters with the key it had when last evaluated
+   * (costs only grow as choices accumulate, so that is an upper bound; a
+   * gap never evaluated enters first) and is evaluated again only when it
+   * reaches the top. */
   for (uint32_t gi = 0; gi < c->n_gaps; gi++) {
     const cap__gap_t *g = &c->gaps[gi];
-    if (!gap_free(c, g) || cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
+    if (c->gap_key[gi] <= 0 || !gap_free(c, g) ||
+        cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
       continue;
-    opt_t o;
-    rc = eval_gap(c, gi, target, &o);
-    if (rc)
-      goto out_free;
-    if (!o.ok)
-      continue;
-    rc = heap_push(&h, rank_key(c, &o, p->tensors[g->tensor].bytes, target), gi);
+    rc = heap_push(&h, c->gap_key[gi], gi);
     if (rc)
       goto out_free;
   }
@@ -311,9 +317,12 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
     rc = eval_gap(c, e.gi, target, &o);
     if (rc)
       goto out_free;
-    if (!o.ok || cap__memtree_max(&c->mem, o.lo, o.hi) <= target)
+    if (!o.ok)
+      continue; /* not now; may be later (another target, other choices) */
+    if (cap__memtree_max(&c->mem, o.lo, o.hi) <= target)
       continue;
     double key = rank_key(c, &o, p->tensors[g->tensor].bytes, target);
+    c->gap_key[e.gi] = key;
     if (key < e.key * (1 - 1e-9) && h.n && key < h.v[0].key) {
       /* its cost grew since it was ranked: rank it again */
       rc = heap_push(&h, key, e.gi);

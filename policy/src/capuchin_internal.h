@@ -117,6 +117,8 @@ typedef struct cap__ctx {
   uint32_t *slot_choice; /* per access slot: index into ch, when chosen */
   cap__gap_t *gaps;
   uint32_t n_gaps;
+  double *gap_key;    /* per gap: ranking key when last evaluated (0: dead) */
+  uint8_t *no_hidden; /* per gap: a hidden swap was found impossible */
   cap__memtree_t mem;
   cap__engine_t d2h, h2d;
   uint32_t *d2h_head; /* per op: first choice whose D2H is issued there */

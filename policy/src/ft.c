@@ -117,7 +117,7 @@ int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g) {
   return (c->op_start[g->b] - si) - (c->op_end[g->a] + so);
 }
 
-#define CASCADE_MAX 256 /* later D2H keys a new copy may push back */
+#define CASCADE_MAX 32 /* later D2H keys a new copy may push back */
 
 /* Slot on the D2H queue for a copy of len ns issued at the end of op a:
  * after every copy issued at or before a. Copies issued later are pushed

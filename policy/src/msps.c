@@ -130,6 +130,10 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
           if (yc->trig_op != CAP_NONE && yc->save_hi <= b &&
               yc->in_end <= c->op_start[b])
             continue;
+          /* an H2D copy issued before its D2H has ended would block the
+           * whole H2D queue behind it */
+          if (yc->out_end > c->op_start[b])
+            FAIL("swapped source still copying out");
           int64_t st = c->op_start[b];
           uint32_t prev = cap__engine_prev(&c->h2d, b);
           if (prev != CAP_NONE && c->h2d.last_end[prev] > st)

@@ -10,6 +10,8 @@
  */
 #include "capuchin_internal.h"
 
+#define TRIGGER_MAX_STEPS 64
+
 bool cap__trigger_name(const cap_profile_t *p, uint32_t t, uint32_t x,
                        uint32_t *tensor, uint32_t *access) {
   const cap_op_t *o = &p->ops[t];
@@ -48,7 +50,9 @@ uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
                            int64_t *start) {
   const cap__engine_t *e = &c->h2d;
   uint32_t limit = b; /* candidate ops are < limit */
-  for (;;) {
+  /* Each step moves before one queued copy or one op; a prefetch that has
+   * to go back further than this would hold its memory for long anyway. */
+  for (int steps = 0; steps < TRIGGER_MAX_STEPS; steps++) {
     uint32_t t = cap__op_at_or_before(c, deadline - len_ns, limit);
     if (t == CAP_NONE || t < so_op)
       return CAP_NONE;
@@ -80,4 +84,5 @@ uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
     *start = st;
     return t;
   }
+  return CAP_NONE;
 }

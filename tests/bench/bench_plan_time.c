@@ -1,0 +1,168 @@
+/*
+ * Planning-time benchmark and policy table (issue 3, "Done when").
+ *
+ *   bench_plan_time [--table] [--quick]
+ *
+ * Prints: the time to plan bert_large at 50 % with `capuchin` (target:
+ * under 200 ms on a 2-core machine); the time to plan synthetic profiles of
+ * 10k, 25k, 50k and 100k ops at 50 % (target: 100k under 5 s) with the
+ * growth exponent between sizes (time ~ ops^k); and with --table the table
+ * of every policy on every vendored trace at 80/60/50/40/30 % (overhead
+ * against the unmanaged iteration, simulated peak, plan time). Times are
+ * the median of several runs (--quick: one run).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "capuchin/error.h"
+#include "capuchin/planner.h"
+#include "capuchin/sim.h"
+#include "capuchin/trace.h"
+#include "cap_test.h"
+#include "synth_profile.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median planning time over `runs`; *rc_out gets the last result code. */
+static double time_plan(const cap_profile_t *p, const char *policy, double pct,
+                        int runs, int *rc_out, cap_plan_t **keep) {
+  double t[16];
+  if (runs > 16)
+    runs = 16;
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, cap_profile_budget_pct(p, pct));
+  for (int i = 0; i < runs; i++) {
+    cap_plan_t *plan = NULL;
+    double t0 = now_ms();
+    *rc_out = cap_plan_compute(p, policy, &cfg, &plan);
+    t[i] = now_ms() - t0;
+    if (keep && i == runs - 1)
+      *keep = plan;
+    else
+      cap_plan_destroy(plan);
+  }
+  qsort(t, (size_t)runs, sizeof t[0], cmp_d);
+  return t[runs / 2];
+}
+
+static const char *const traces[] = {"resnet50",     "vgg16",     "inception_v3",
+                                     "mobilenet_v2", "bert_base", "bert_large",
+                                     "gpt2_small"};
+static const double pcts[] = {80, 60, 50, 40, 30};
+
+static void print_table(void) {
+  printf("\npolicy table: overhead %% of the unmanaged iteration / simulated "
+         "peak GB / plan ms (X = no plan fits)\n");
+  printf("%-13s %4s", "trace", "bud");
+  for (int k = 0; cap_planner_names[k]; k++)
+    printf(" %22s", cap_planner_names[k]);
+  printf("\n");
+  for (size_t i = 0; i < sizeof traces / sizeof traces[0]; i++) {
+    char rel[128], err[256];
+    snprintf(rel, sizeof rel, "traces/%s.trace", traces[i]);
+    cap_profile_t *p = NULL;
+    if (cap_trace_load(cap_test_data(rel), &p, err, sizeof err)) {
+      printf("%s: %s\n", traces[i], err);
+      continue;
+    }
+    cap_sim_result_t base;
+    memset(&base, 0, sizeof base);
+    cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+    if (cap_sim_run(p, NULL, &bw, &base)) {
+      cap_profile_destroy(p);
+      continue;
+    }
+    for (size_t j = 0; j < sizeof pcts / sizeof pcts[0]; j++) {
+      printf("%-13s %3.0f%%", traces[i], pcts[j]);
+      for (int k = 0; cap_planner_names[k]; k++) {
+        int rc;
+        cap_plan_t *plan = NULL;
+        double ms = time_plan(p, cap_planner_names[k], pcts[j], 1, &rc, &plan);
+        char cell[64];
+        if (rc == 0)
+          snprintf(cell, sizeof cell, "%6.1f%% %5.2f %5.1f",
+                   100.0 * (double)(plan->predicted_iter_ns - base.iter_ns) /
+                       (double)base.iter_ns,
+                   plan->predicted_peak_bytes / 1e9, ms);
+        else
+          snprintf(cell, sizeof cell, "X %5.2f %5.1f",
+                   plan ? plan->predicted_peak_bytes / 1e9 : 0.0, ms);
+        printf(" %22s", cell);
+        cap_plan_destroy(plan);
+      }
+      printf("\n");
+    }
+    cap_sim_result_close(&base);
+    cap_profile_destroy(p);
+  }
+}
+
+int main(int argc, char **argv) {
+  bool table = false, quick = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--table"))
+      table = true;
+    else if (!strcmp(argv[i], "--quick"))
+      quick = true;
+    else {
+      fprintf(stderr, "usage: %s [--table] [--quick]\n", argv[0]);
+      return 64;
+    }
+  }
+  int runs = quick ? 1 : 5;
+  char err[256];
+  cap_profile_t *p = NULL;
+  int rc = cap_trace_load(cap_test_data("traces/bert_large.trace"), &p, err,
+                          sizeof err);
+  if (rc) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  double ms = time_plan(p, "capuchin", 50, runs, &rc, NULL);
+  printf("capuchin plan time, bert_large at 50%%: %.1f ms (%s; target < 200 "
+         "ms)\n",
+         ms, rc == 0 ? "fits" : cap_err_name(rc));
+  cap_profile_destroy(p);
+
+  static const uint32_t sizes[] = {10000, 25000, 50000, 100000};
+  double prev_ms = 0;
+  uint32_t prev_n = 0;
+  printf("\nsynthetic profiles at 50%%:\n%8s %10s %12s %8s\n", "ops",
+         "plan ms", "result", "growth k");
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    cap_profile_t *s = cap_synth_profile(sizes[i]);
+    if (!s) {
+      fprintf(stderr, "cannot build a %u-op profile\n", sizes[i]);
+      return 1;
+    }
+    int r = quick || sizes[i] >= 50000 ? 1 : 3;
+    double t = time_plan(s, "capuchin", 50, r, &rc, NULL);
+    if (prev_n)
+      printf("%8u %10.1f %12s %8.2f\n", s->n_ops, t,
+             rc == 0 ? "fits" : cap_err_name(rc),
+             log(t / prev_ms) / log((double)s->n_ops / prev_n));
+    else
+      printf("%8u %10.1f %12s %8s\n", s->n_ops, t,
+             rc == 0 ? "fits" : cap_err_name(rc), "-");
+    prev_ms = t;
+    prev_n = s->n_ops;
+    cap_profile_destroy(s);
+  }
+  printf("(growth k: time ~ ops^k between consecutive sizes; target: 100k "
+         "ops < 5000 ms)\n");
+  if (table)
+    print_table();
+  return 0;
+}
