@@ -198,8 +198,34 @@ static void work_cb(uv_work_t *req) {
     int64_t plan_id = 0, profile_id = 0;
     rc = cap_store_plan_find(t->store, t->hello_signature, t->budget, &t->bw,
                              t->bw_tolerance, &plan_id, &profile_id);
-    if (rc == CAP_ENOENT)
+    if (rc == CAP_ENOENT) {
+      /* No plan for this budget or these bandwidths, but the model was
+       * measured before: plan from the stored profile, still without a
+       * measured iteration. */
+      if (cap_store_profile_find(t->store, t->hello_signature, &profile_id))
+        return;
+      cap_profile_t *p = NULL;
+      if (cap_store_profile_load(t->store, profile_id, &p, NULL) != 0) {
+        cap__log(CAP_LOG_WARN, "stored profile %" PRId64 " not reusable: %s",
+                 profile_id, cap_store_last_error());
+        return;
+      }
+      t->profile_id = profile_id;
+      t->signature = t->hello_signature;
+      find_or_compute(t, p);
+      if (t->rc || !t->plan) {
+        /* Measure instead; a store error here is no reason to refuse. */
+        t->rc = 0;
+        t->infeasible = false;
+        t->planner_failed = 0;
+        cap_profile_destroy(p);
+        cap_plan_destroy(t->plan);
+        t->plan = NULL;
+        return;
+      }
+      t->profile_out = p;
       return;
+    }
     if (rc) {
       store_err(t, rc, "looking up stored plans");
       return;

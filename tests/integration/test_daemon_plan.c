@@ -175,6 +175,28 @@ static void test_reuse_by_hello_signature(void) {
   tc_close(&c);
 }
 
+static void test_reuse_profile_for_other_budget(void) {
+  /* Same model, a budget no plan was made for: planned from the stored
+   * profile at once, still without measuring. */
+  long long plans_before = count("SELECT count(*) FROM plans");
+  uint64_t budget = cap_profile_budget_pct(P, 70);
+  tc_t c;
+  REQUIRE(tc_connect(&c, D.sock) == 0);
+  tc_hello_args_t a = {.job = "resnet50-70pct", .budget_bytes = budget,
+                       .signature = cap_profile_signature(P)};
+  tc_welcome_t w;
+  REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
+  CHECK(w.plan_reused);
+  cap_plan_t *plan = tc_wait_plan(&c, 10000);
+  REQUIRE(plan != NULL);
+  CHECK_EQ(plan->budget_bytes, budget);
+  CHECK(plan->predicted_peak_bytes <= budget);
+  CHECK(cap_plan_validate(plan, P, NULL, 0) == 0);
+  cap_plan_destroy(plan);
+  CHECK_EQ(count("SELECT count(*) FROM plans"), plans_before + 1);
+  tc_close(&c);
+}
+
 static void test_reuse_by_measured_signature(void) {
   long long plans_before = count("SELECT count(*) FROM plans");
   long long profiles_before = count("SELECT count(*) FROM profiles");
@@ -245,6 +267,7 @@ int main(void) {
   RUN_TEST(test_measured_plan_within_1s);
   RUN_TEST(test_reuse_by_hello_signature);
   RUN_TEST(test_reuse_by_measured_signature);
+  RUN_TEST(test_reuse_profile_for_other_budget);
   RUN_TEST(test_disconnect_mid_iteration);
   CHECK_EQ(tc_daemon_stop(&D), 0);
   CHECK(access(D.sock, F_OK) != 0); /* socket removed on a clean stop */
