@@ -243,9 +243,10 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
             "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" "
-            "text-anchor=\"end\" " HALO ">persistent (weights, inputs) %s "
-            "MiB</text>\n",
-            ML, y, ML + PW, y, C_FLOOR, ML + PW - 6, y - 6, C_FLOOR, a);
+            HALO ">persistent (weights, inputs) %s MiB</text>\n",
+            ML, y, ML + PW, y, C_FLOOR, ML + 8,
+            /* Below the floor no curve ever goes: label there when it fits. */
+            px_y(&s, 0) - y >= 20 ? y + 15 : y - 6, C_FLOOR, a);
   }
   if (tl->budget_bytes) {
     double y = px_y(&s, (double)tl->budget_bytes / 1048576.0);
