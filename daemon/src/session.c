@@ -203,26 +203,28 @@ void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
 }
 
 void cap__session_kick(cap__session_t *s) {
-  if (s->state != CAP__S_ACTIVE || s->busy != CAP__W_NONE)
+  if (s->state != CAP__S_ACTIVE)
     return;
-  if (s->want_replan && s->profile) {
-    s->want_replan = false;
-    cap__work_replan(s);
-    return;
+  if (s->busy == CAP__W_NONE) {
+    if (s->want_replan && s->profile) {
+      s->want_replan = false;
+      cap__work_replan(s);
+    } else if (s->n_pending_fb && s->plan &&
+               s->pending_fb_version == s->plan->version) {
+      cap_feedback_t *fb = s->pending_fb;
+      uint32_t n = s->n_pending_fb;
+      s->pending_fb = NULL;
+      s->n_pending_fb = 0;
+      cap__work_refine(s, fb, n);
+    } else {
+      free(s->pending_fb); /* for a plan no longer in force */
+      s->pending_fb = NULL;
+      s->n_pending_fb = 0;
+    }
   }
-  if (s->n_pending_fb && s->plan && s->pending_fb_version == s->plan->version) {
-    cap_feedback_t *fb = s->pending_fb;
-    uint32_t n = s->n_pending_fb;
-    s->pending_fb = NULL;
-    s->n_pending_fb = 0;
-    cap__work_refine(s, fb, n);
-    return;
-  }
-  free(s->pending_fb);
-  s->pending_fb = NULL;
-  s->n_pending_fb = 0;
-  /* Frames held back while the Hello was registered. */
-  drain(s);
+  /* Frames held back while the Hello was registered; input resumes. */
+  if (s->state == CAP__S_ACTIVE)
+    drain(s);
 }
 
 static void copy_str(char *dst, size_t cap, const char *src) {
