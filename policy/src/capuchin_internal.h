@@ -180,8 +180,10 @@ typedef struct cap__swap_eval {
  * time - (evicted-access end + swap-out time). */
 int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g);
 /* Book-keeping-aware swap of gap g. hidden: the swap-in must end by the
- * back-access minus the margin (returns false when it cannot); otherwise an
- * on-demand swap-in whose time is exposed. Nothing is booked. */
+ * back-access minus the margin, and the ops from its start to the
+ * back-access must be within c->target (returns false when it cannot);
+ * otherwise an on-demand swap-in whose time is exposed. Nothing is
+ * booked. */
 bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
                   cap__swap_eval_t *ev);
 /* Book the swap of choice ci (already in c->ch) on the engines. A D2H

@@ -186,6 +186,10 @@ bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
       ev->save_hi = g->b;
     if (ev->save_hi <= ev->save_lo)
       return false;
+    /* Not inside a memory peak: from the prefetch's start the tensor is
+     * back, and the ops that then run must be within the target. */
+    if (cap__memtree_max(&c->mem, ev->save_hi, g->b) > c->target)
+      return false;
     ev->ft_ns = st - ev->out_end;
     ev->stall_ns = 0;
     return true;
