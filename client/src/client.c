@@ -134,6 +134,8 @@ int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
   rc = cap__dev_set_budget(c, c->budget_bytes);
   if (rc < 0)
     goto out_dev;
+  atomic_store(&c->ctr.budget_bytes, c->budget_bytes);
+  c->requested_budget = c->budget_bytes;
   rc = cap__reporter_start(c);
   if (rc < 0)
     goto out_dev;
@@ -227,6 +229,7 @@ int cap_client_register(cap_client_t *c, uint64_t bytes, cap_tensor_kind_t kind,
   t->dev = p;
   t->lru = ++c->tick;
   c->persistent_bytes += bytes;
+  atomic_store(&c->ctr.persistent_bytes, c->persistent_bytes);
   if (c->recording)
     cap__decl_upto(c, i);
   *id = i;
@@ -378,6 +381,7 @@ int cap_client_iteration_begin(cap_client_t *c) {
   }
   if (budget && budget != c->budget_bytes) {
     c->budget_bytes = budget;
+    atomic_store(&c->ctr.budget_bytes, budget);
     cap__dev_set_budget(c, budget);
   }
   if (c->x.plan)
@@ -543,7 +547,7 @@ void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
   st->stall_ns = atomic_load(&c->ctr.stall_ns);
   st->peak_bytes = atomic_load(&c->ctr.peak_bytes);
   st->device_bytes = atomic_load(&c->ctr.device_bytes);
-  st->budget_bytes = c->budget_bytes;
+  st->budget_bytes = atomic_load(&c->ctr.budget_bytes);
   st->dropped_records = atomic_load(&c->dropped);
   st->fallbacks = atomic_load(&c->ctr.fallbacks);
   st->plan_version = atomic_load(&c->ctr.plan_version);

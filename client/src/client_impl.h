@@ -185,13 +185,15 @@ typedef struct cap__counters {
   _Atomic uint64_t peak_bytes, device_bytes, dropped_records, fallbacks;
   _Atomic uint32_t plan_version, iterations, reconnects;
   _Atomic bool connected;
+  _Atomic uint64_t budget_bytes, persistent_bytes; /* copies for other threads */
 } cap__counters_t;
 
 struct cap_client {
   /* Config (resolved). */
   char socket_path[108];
   char job_name[128];
-  uint64_t budget_bytes;
+  uint64_t budget_bytes;       /* in force (the daemon may lower it) */
+  uint64_t requested_budget;   /* as configured; immutable after create */
   bool no_daemon;
   uint32_t reconnect_ms, connect_timeout_ms;
   double time_scale;

@@ -250,14 +250,15 @@ static void rep_try_connect(rep_t *r) {
   h.has_device_total_bytes = 1;
   h.device_total_bytes = c->device_total_bytes ? c->device_total_bytes : 1;
   h.has_budget_bytes = 1;
-  h.budget_bytes = c->budget_bytes ? c->budget_bytes : h.device_total_bytes;
+  uint64_t budget = c->requested_budget;
+  h.budget_bytes = budget ? budget : h.device_total_bytes;
   h.has_h2d_gbps = h.has_d2h_gbps = h.has_duplex_gbps = 1;
   h.h2d_gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1;
   h.d2h_gbps = c->d2h_gbps > 0 ? c->d2h_gbps : 1;
   h.duplex_gbps = c->duplex_gbps > 0 ? c->duplex_gbps : 1;
   h.backend = c->backend;
   h.has_persistent_bytes = 1;
-  h.persistent_bytes = c->persistent_bytes;
+  h.persistent_bytes = atomic_load(&c->ctr.persistent_bytes);
   if (rep_queue_msg(r, &h) < 0) {
     rep_disconnect(r, "hello");
     return;
