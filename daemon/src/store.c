@@ -335,6 +335,18 @@ static int make_parent(const char *path) {
   return 0;
 }
 
+/* Whether the database holds any schema object (table, index, view). */
+static bool has_tables(sqlite3 *db) {
+  sqlite3_stmt *st = NULL;
+  bool any = true; /* when in doubt, do not touch it */
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_schema", -1, &st,
+                         NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    any = sqlite3_column_int64(st, 0) > 0;
+  sqlite3_finalize(st);
+  return any;
+}
+
 /* Open path read-only and read its user_version without writing anything. */
 static int precheck(const char *path, int *version) {
   sqlite3 *db = NULL;
@@ -355,6 +367,12 @@ static int precheck(const char *path, int *version) {
   else if (rc != 0)
     rc = cap__store_fail(rc, "%s: cannot read schema version: %s", path,
                          sqlite3_errmsg(db));
+  else if (*version == 0 && has_tables(db))
+    rc = cap__store_fail(CAP_ECORRUPT,
+                         "%s: an SQLite database that is not a capuchin "
+                         "database (it has tables but no capuchin schema "
+                         "version); left untouched",
+                         path);
   else if (*version > CAP_STORE_SCHEMA_VERSION)
     rc = cap__store_fail(CAP_EVERSION,
                          "%s: schema version %d is newer than this build "

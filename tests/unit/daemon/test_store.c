@@ -193,6 +193,18 @@ static void test_refuse_newer_version(void) {
   check_refused(path, CAP_EVERSION, "newer");
 }
 
+static void test_refuse_foreign_sqlite(void) {
+  /* Someone else's SQLite file (user_version 0, own tables): not ours to
+   * migrate. */
+  const char *path = tmp_path("foreign.db");
+  sqlite3 *db = NULL;
+  REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(db, "CREATE TABLE photos(id INTEGER, path TEXT);",
+                       NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(db);
+  check_refused(path, CAP_ECORRUPT, "not a capuchin database");
+}
+
 /* --- profiles ------------------------------------------------------------- */
 
 static void check_profiles_equal(const cap_profile_t *a,
@@ -740,6 +752,7 @@ int main(void) {
   RUN_TEST(test_migrate_from_empty);
   RUN_TEST(test_refuse_not_a_database);
   RUN_TEST(test_refuse_newer_version);
+  RUN_TEST(test_refuse_foreign_sqlite);
   RUN_TEST(test_profile_round_trip);
   RUN_TEST(test_incomplete_profile);
   RUN_TEST(test_plan_round_trip_and_find);
