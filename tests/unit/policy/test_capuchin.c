@@ -1,0 +1,339 @@
+/*
+ * The Capuchin planner on small hand-built profiles whose right answer is
+ * known: a swap that hides, a recompute where a swap cannot hide, an input
+ * written in place that forbids replaying its reader, an impossible budget,
+ * persistent tensors only when allowed, and every plan checked by the
+ * validator and the simulator.
+ */
+#include <string.h>
+
+#include "cap_test.h"
+#include "capuchin/error.h"
+#include "capuchin/planner.h"
+#include "capuchin/sim.h"
+
+#define MB (1000u * 1000u)
+#define US 1000
+
+/* Profile builder shorthand. */
+typedef struct {
+  cap_profile_t *p;
+  uint32_t seq;
+  int err;
+} fx_t;
+
+static void fx_tensor(fx_t *f, uint32_t id, uint64_t bytes, cap_tensor_kind_t k) {
+  if (!f->err)
+    f->err = cap_profile_add_tensor(f->p, id, bytes, k);
+}
+
+static void fx_op(fx_t *f, int64_t start, int64_t end, const char *name,
+                  const uint32_t *in, uint32_t n_in, const uint32_t *out,
+                  uint32_t n_out) {
+  if (!f->err)
+    f->err = cap_profile_add_op(f->p, f->seq++, start, end, name, in, n_in, out,
+                                n_out);
+}
+
+static void fx_free(fx_t *f, int64_t t, uint32_t id) {
+  if (!f->err)
+    f->err = cap_profile_add_free(f->p, t, id);
+}
+
+static cap_profile_t *fx_finish(fx_t *f) {
+  if (!f->err)
+    f->err = cap_profile_finish(f->p);
+  if (f->err) {
+    fprintf(stderr, "fixture: %s\n", cap_profile_error(f->p));
+    cap_profile_destroy(f->p);
+    return NULL;
+  }
+  return f->p;
+}
+
+/* W (param, 1 MB) produces A (100 MB) at op 0 in op0_ns. Then n_pre ops,
+ * then op B (80 MB) and n_mid ops reading it, then B dies and n_post ops
+ * run, then the last op reads A again; every other op takes step_ns and
+ * writes a 1 MB temporary that dies at once. The peak (A + B, 182 MB) is in
+ * the middle stretch; the last op itself needs 102 MB. A swap-out holds its
+ * memory until the copy ends and a swap-in from its start (2 ms or so for
+ * 100 MB), so a swap relieves the middle only if the stretches around it
+ * are long enough. */
+static cap_profile_t *one_big(uint32_t n_pre, uint32_t n_mid, uint32_t n_post,
+                              int64_t step_ns, int64_t op0_ns) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t W = 0, A = 1, B = 2, next = 3;
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, B, 80 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = 0; i < n_pre + n_mid + n_post + 1; i++)
+    fx_tensor(&f, 3 + i, 1 * MB, CAP_KIND_ACTIVATION);
+  int64_t t = 0;
+  fx_op(&f, t, t + op0_ns, "aten.mm.default", &W, 1, &A, 1);
+  t += op0_ns;
+  for (uint32_t i = 0; i < n_pre + n_mid + n_post; i++) {
+    if (i == n_pre) {
+      fx_op(&f, t, t + 10 * US, "aten.mm.default", &W, 1, &B, 1);
+      t += 10 * US;
+    }
+    uint32_t s = next++;
+    fx_op(&f, t, t + step_ns, "aten.mul.Tensor", i >= n_pre && i < n_pre + n_mid ? &B : &W,
+          1, &s, 1);
+    t += step_ns;
+    fx_free(&f, t, s);
+    if (i + 1 == n_pre + n_mid)
+      fx_free(&f, t, B);
+  }
+  uint32_t in[2] = {A, W}, last = next;
+  fx_op(&f, t, t + 10 * US, "aten.mm_backward.default", in, 2, &last, 1);
+  t += 10 * US;
+  fx_free(&f, t, A);
+  fx_free(&f, t, last);
+  return fx_finish(&f);
+}
+
+/* Plan with capuchin and check the plan against the validator and an
+ * independent simulation. */
+static int plan_checked(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                        cap_plan_t **out, cap_sim_result_t *r) {
+  int rc = cap_plan_compute(p, "capuchin", cfg, out);
+  if (!*out)
+    return rc;
+  char err[256];
+  int v = cap_plan_validate(*out, p, err, sizeof err);
+  if (v)
+    fprintf(stderr, "invalid plan: %s\n", err);
+  CHECK_EQ(v, 0);
+  memset(r, 0, sizeof *r);
+  CHECK_EQ(cap_sim_run(p, *out, &cfg->bw, r), 0);
+  CHECK_EQ(r->peak_bytes, (*out)->predicted_peak_bytes);
+  CHECK_EQ(r->iter_ns, (*out)->predicted_iter_ns);
+  if (rc == 0)
+    CHECK(r->peak_bytes <= cfg->budget_bytes);
+  return rc;
+}
+
+static void test_fits_unmanaged(void) {
+  cap_profile_t *p = one_big(5, 5, 5, 1000 * US, 10 * US);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 200 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  CHECK_EQ(plan->n_actions, 0);
+  CHECK_STR(plan->policy, "capuchin");
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+static void test_swap_hidden(void) {
+  /* 5 ms on each side of the peak; 100 MB take about 2.3 ms each way */
+  cap_profile_t *p = one_big(5, 5, 5, 1000 * US, 10 * US);
+  REQUIRE(p);
+  cap_sim_result_t base;
+  memset(&base, 0, sizeof base);
+  cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  REQUIRE(cap_sim_run(p, NULL, &bw, &base) == 0);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 120 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->tensor, 1);
+  CHECK_EQ(a->evict_after_access, 1);
+  CHECK_EQ(a->method, CAP_METHOD_SWAP);
+  CHECK(a->prefetch_tensor != CAP_NONE); /* prefetched, not on demand */
+  CHECK_EQ(r.stall_ns, 0);
+  CHECK_EQ(r.iter_ns, base.iter_ns); /* fully hidden */
+  CHECK_EQ(r.swap_out_bytes, 100 * MB);
+  CHECK(r.peak_bytes <= 120 * MB);
+  cap_sim_result_close(&r);
+  cap_sim_result_close(&base);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+static void test_recompute_when_swap_cannot_hide(void) {
+  /* 300 us stretches: a 100 MB swap (2.3 ms each way) cannot relieve the
+   * peak, but the 10 us producer can be replayed */
+  cap_profile_t *p = one_big(3, 3, 3, 100 * US, 10 * US);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 120 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->method, CAP_METHOD_RECOMPUTE);
+  REQUIRE(a->n_recompute == 1);
+  CHECK_EQ(cap_action_recompute_ops(plan, a)[0], 0);
+  CHECK_EQ(r.recompute_ns, 10 * US);
+  CHECK_EQ(r.stall_ns, 0);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+static void test_exposed_swap_cheaper_than_recompute(void) {
+  /* the swap-out hides before the peak, the swap-in cannot (nothing runs
+   * between the peak and the back-access); replaying the 20 ms producer
+   * costs far more than waiting about 2 ms for the swap-in */
+  cap_profile_t *p = one_big(5, 3, 0, 1000 * US, 20000 * US);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 120 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  CHECK_EQ(plan->actions[0].method, CAP_METHOD_SWAP);
+  CHECK_EQ(r.recompute_ns, 0);
+  CHECK(r.stall_ns > 0 && r.stall_ns < 5000 * US);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+/* X (50 MB) = op0(W); A (100 MB) = op1(X); op2 = relu_(X) in place, then
+ * X dies; op3 makes a 60 MB temporary (the peak, 100 us: no swap of A can
+ * relieve it); op4 reads A. Replaying op1 needs X as op1 read it, before
+ * the in-place write: only a list that rebuilds X first (op0, op1) is
+ * correct. */
+static void test_inplace_input_not_replayed(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t W = 0, X = 1, A = 2;
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, X, 50 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, 3, 60 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, 4, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_op(&f, 0, 10 * US, "aten.mm.default", &W, 1, &X, 1);
+  fx_op(&f, 10 * US, 20 * US, "aten.mm.default", &X, 1, &A, 1);
+  fx_op(&f, 20 * US, 30 * US, "aten.relu_.default", &X, 1, &X, 1);
+  fx_free(&f, 30 * US, X);
+  uint32_t s = 3;
+  fx_op(&f, 30 * US, 130 * US, "aten.mul.Tensor", &W, 1, &s, 1);
+  fx_free(&f, 130 * US, 3);
+  uint32_t o = 4;
+  fx_op(&f, 130 * US, 140 * US, "aten.add.Tensor", &A, 1, &o, 1);
+  fx_free(&f, 140 * US, A);
+  fx_free(&f, 140 * US, o);
+  cap_profile_t *p = fx_finish(&f);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  /* the peak is 161 MB; the replay itself needs W, X and A (151 MB) */
+  cap_plan_config_init(&cfg, 160 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->tensor, A);
+  CHECK_EQ(a->method, CAP_METHOD_RECOMPUTE);
+  REQUIRE(a->n_recompute == 2);
+  CHECK_EQ(cap_action_recompute_ops(plan, a)[0], 0);
+  CHECK_EQ(cap_action_recompute_ops(plan, a)[1], 1);
+  CHECK_EQ(r.recompute_ns, 20 * US);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+static void test_infeasible_reports_smallest_peak(void) {
+  cap_profile_t *p = one_big(5, 5, 5, 1000 * US, 10 * US);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  /* the last op needs A, W and its output on the device: 102 MB */
+  cap_plan_config_init(&cfg, 90 * MB);
+  cap_plan_t *plan = NULL;
+  CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), CAP_EINFEASIBLE);
+  REQUIRE(plan);
+  CHECK(plan->predicted_peak_bytes > 90 * MB);
+  CHECK(plan->predicted_peak_bytes <= 102 * MB); /* A evicted where it can */
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+/* A 200 MB weight used at the first and the last op only; ten 2 ms ops in
+ * between, the middle three making 50 MB temporaries (the peak: 251 MB).
+ * The budget (220 MB) fits only if the weight leaves the device. */
+static void test_persistent_only_when_allowed(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t Wb = 0, Ws = 1;
+  fx_tensor(&f, Wb, 200 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, Ws, 1 * MB, CAP_KIND_PARAM);
+  for (uint32_t i = 0; i < 12; i++)
+    fx_tensor(&f, 2 + i, i >= 5 && i <= 7 ? 50 * MB : 1 * MB,
+              CAP_KIND_ACTIVATION);
+  int64_t t = 0;
+  uint32_t o = 2;
+  fx_op(&f, t, t + 10 * US, "aten.mm.default", &Wb, 1, &o, 1);
+  t += 10 * US;
+  fx_free(&f, t, o);
+  for (uint32_t i = 0; i < 10; i++) {
+    o = 3 + i;
+    fx_op(&f, t, t + 2000 * US, "aten.mul.Tensor", &Ws, 1, &o, 1);
+    t += 2000 * US;
+    fx_free(&f, t, o);
+  }
+  o = 13;
+  fx_op(&f, t, t + 10 * US, "aten.mm.default", &Wb, 1, &o, 1);
+  t += 10 * US;
+  fx_free(&f, t, o);
+  cap_profile_t *p = fx_finish(&f);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 220 * MB);
+  cap_plan_t *plan = NULL;
+  CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), CAP_EINFEASIBLE);
+  if (plan)
+    CHECK_EQ(plan->n_actions, 0);
+  cap_plan_destroy(plan);
+  plan = NULL;
+  cfg.evict_persistent = true;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  CHECK_EQ(plan->actions[0].tensor, Wb);
+  CHECK_EQ(plan->actions[0].method, CAP_METHOD_SWAP);
+  CHECK(plan->actions[0].prefetch_tensor != CAP_NONE);
+  CHECK_EQ(r.stall_ns, 0);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+static void test_bad_arguments(void) {
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 1);
+  cap_plan_t *plan = NULL;
+  CHECK_EQ(cap_plan_compute(NULL, "capuchin", &cfg, &plan), CAP_EINVAL);
+  cap_profile_t *p = cap_profile_create(); /* not finished */
+  REQUIRE(p);
+  CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), CAP_EINVAL);
+  CHECK(plan == NULL);
+  cap_profile_destroy(p);
+}
+
+int main(void) {
+  RUN_TEST(test_fits_unmanaged);
+  RUN_TEST(test_swap_hidden);
+  RUN_TEST(test_recompute_when_swap_cannot_hide);
+  RUN_TEST(test_exposed_swap_cheaper_than_recompute);
+  RUN_TEST(test_inplace_input_not_replayed);
+  RUN_TEST(test_infeasible_reports_smallest_peak);
+  RUN_TEST(test_persistent_only_when_allowed);
+  RUN_TEST(test_bad_arguments);
+  return TEST_SUMMARY();
+}
