@@ -292,29 +292,26 @@ int cap_backend_write(cap_backend_t *b, void *dev_dst, const void *host_src, siz
 void cap_pattern_fill_host(void *p, size_t bytes, uint64_t seed) {
   unsigned char *d = p;
   size_t words = bytes / 8;
-  for (size_t i = 0; i < words; i++) {
-    uint64_t w = cap_pattern_word(seed, i);
+  uint64_t w = cap_pattern_base(seed);
+  for (size_t i = 0; i < words; i++, w += CAP_PATTERN_STEP)
     memcpy(d + i * 8, &w, 8);
-  }
   size_t tail = bytes % 8;
-  if (tail) {
-    uint64_t w = cap_pattern_word(seed, words);
+  if (tail)
     memcpy(d + words * 8, &w, tail);
-  }
 }
 
 uint64_t cap_pattern_check_host(const void *p, size_t bytes, uint64_t seed) {
   const unsigned char *d = p;
   size_t words = bytes / 8;
-  uint64_t bad = 0;
-  for (size_t i = 0; i < words; i++) {
-    uint64_t w;
-    memcpy(&w, d + i * 8, 8);
-    bad += w != cap_pattern_word(seed, i);
+  uint64_t bad = 0, w = cap_pattern_base(seed);
+  for (size_t i = 0; i < words; i++, w += CAP_PATTERN_STEP) {
+    uint64_t v;
+    memcpy(&v, d + i * 8, 8);
+    bad += v != w;
   }
   size_t tail = bytes % 8;
   if (tail) {
-    uint64_t w = cap_pattern_word(seed, words), v = 0;
+    uint64_t v = 0;
     memcpy(&v, d + words * 8, tail);
     bad += memcmp(&v, &w, tail) != 0;
   }

@@ -187,13 +187,19 @@ int cap_backend_stream_synchronize(cap_backend_t *b, cap_stream_t s);
 /* --- Synthetic ops and integrity patterns ----------------------------------- */
 
 /* The integrity pattern: 8-byte little-endian word i of a buffer filled with
- * `seed` is cap_pattern_word(seed, i); a trailing partial word holds the low
- * bytes of its word. Cheap, and distinct for every (seed, position). */
-static inline uint64_t cap_pattern_word(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 0x632be59bd9b4e019ull;
+ * `seed` is cap_pattern_word(seed, i) = mix(seed) + i * K (K odd), a trailing
+ * partial word holds the low bytes of its word. Every position differs, every
+ * seed starts elsewhere, and filling or checking it runs at memory speed (one
+ * add per word). */
+static inline uint64_t cap_pattern_base(uint64_t seed) {
+  uint64_t z = seed + 0x632be59bd9b4e019ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+#define CAP_PATTERN_STEP 0x9e3779b97f4a7c15ull
+static inline uint64_t cap_pattern_word(uint64_t seed, uint64_t i) {
+  return cap_pattern_base(seed) + i * CAP_PATTERN_STEP;
 }
 
 /* Host helpers for the pattern (sim backend, tests, host-side checks):

@@ -397,8 +397,10 @@ static void sim_host_free(void *impl, void *ptr) {
  * op or a wait late only because its thread woke late (sleep overshoot) is
  * credited that lateness, at most CREDIT_REAL_NS of real time, so that
  * overshoot does not accumulate over thousands of short ops; time the caller
- * spends on its own work counts. Called with cmu held. */
-#define CREDIT_REAL_NS 200000
+ * spends on its own work counts. Synchronizing the compute stream spends the
+ * credit: after it the caller and the stream agree on the time. Called with
+ * cmu held. */
+#define CREDIT_REAL_NS 1000000
 static int64_t compute_now(sim *s) {
   int64_t credit = s->ret_late;
   int64_t cap = (int64_t)(CREDIT_REAL_NS / s->scale);
@@ -546,10 +548,20 @@ static int sim_event_synchronize(void *impl, void *evp) {
   return 0;
 }
 
+static void compute_sync(sim *s) {
+  pthread_mutex_lock(&s->op_mu); /* an op in another thread ends first */
+  pthread_mutex_lock(&s->cmu);
+  s->ret_late = 0;
+  pthread_mutex_unlock(&s->cmu);
+  pthread_mutex_unlock(&s->op_mu);
+}
+
 static int sim_stream_synchronize(void *impl, cap_stream_t st) {
   sim *s = impl;
-  if (st == CAP_STREAM_COMPUTE)
+  if (st == CAP_STREAM_COMPUTE) {
+    compute_sync(s);
     return 0;
+  }
   engine *e = &s->eng[st == CAP_STREAM_D2H ? 0 : 1];
   pthread_mutex_lock(&s->mu);
   while (e->head && !s->stop)
@@ -603,24 +615,25 @@ static int sim_memset(void *impl, void *dev, int byte, size_t bytes) {
 }
 
 static int64_t sim_pattern_check(void *impl, const void *dev, size_t bytes, uint64_t seed) {
-  (void)impl;
+  compute_sync(impl);
   return (int64_t)cap_pattern_check_host(dev, bytes, seed);
 }
 
 static int sim_mismatches(void *impl, uint64_t *count) {
   sim *s = impl;
+  compute_sync(s);
   *count = atomic_exchange(&s->mismatches, 0);
   return 0;
 }
 
 static int sim_read(void *impl, void *host_dst, const void *dev_src, size_t bytes) {
-  (void)impl;
+  compute_sync(impl);
   memcpy(host_dst, dev_src, bytes);
   return 0;
 }
 
 static int sim_write(void *impl, void *dev_dst, const void *host_src, size_t bytes) {
-  (void)impl;
+  compute_sync(impl);
   memcpy(dev_dst, host_src, bytes);
   return 0;
 }

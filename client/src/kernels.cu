@@ -25,10 +25,10 @@ struct cap_kargs {
 // Same as cap_pattern_word() in backend.h.
 __device__ __forceinline__ unsigned long long pattern_word(unsigned long long seed,
                                                            unsigned long long i) {
-  unsigned long long z = seed * 0x9e3779b97f4a7c15ull + i + 0x632be59bd9b4e019ull;
+  unsigned long long z = seed + 0x632be59bd9b4e019ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return (z ^ (z >> 31)) + i * 0x9e3779b97f4a7c15ull;
 }
 
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
