@@ -43,7 +43,9 @@ void cap_qtable_destroy(cap_qtable_t *t) {
   free(t);
 }
 
-int cap_qtable_n_rows(const cap_qtable_t *t) { return t->n_rows; }
+int cap_qtable_n_rows(const cap_qtable_t *t) {
+  return t->n_rows;
+}
 
 int cap_qtable_row(cap_qtable_t *t) {
   if (t->n_rows == t->cap_rows) {
@@ -118,8 +120,8 @@ int cap_qtable_add_rows(cap_qtable_t *t, sqlite3_stmt *st) {
         rc = cap_qtable_set_real(t, c, sqlite3_column_double(st, c));
         break;
       default:
-        rc = cap_qtable_set_text(t, c,
-                                 (const char *)sqlite3_column_text(st, c));
+        rc =
+            cap_qtable_set_text(t, c, (const char *)sqlite3_column_text(st, c));
         break;
       }
       if (rc != 0)
@@ -220,7 +222,9 @@ static void human(const cell_t *c, cap_qcol_kind_t kind, char *buf,
   }
 }
 
-static bool right_aligned(cap_qcol_kind_t k) { return k != CAP_QCOL_TEXT; }
+static bool right_aligned(cap_qcol_kind_t k) {
+  return k != CAP_QCOL_TEXT;
+}
 
 static void print_table(const cap_qtable_t *t, FILE *f) {
   int *w = calloc((size_t)t->n_cols, sizeof *w);

@@ -29,7 +29,9 @@ int cap__store_fail(int code, const char *fmt, ...) {
   return code;
 }
 
-const char *cap_store_last_error(void) { return last_error; }
+const char *cap_store_last_error(void) {
+  return last_error;
+}
 
 enum {
   S_BEGIN,
@@ -72,9 +74,9 @@ static const char *const stmt_sql[S_COUNT] = {
         "INSERT INTO jobs (name, hostname, pid, uid, gid, device,"
         " device_total_bytes, requested_budget_bytes, hello_signature,"
         " started_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    [S_JOB_SET_BUDGET] = "UPDATE jobs SET granted_budget_bytes = ?2 WHERE id = ?1",
-    [S_JOB_END] =
-        "UPDATE jobs SET ended_ms = ?2, status = ?3 WHERE id = ?1",
+    [S_JOB_SET_BUDGET] =
+        "UPDATE jobs SET granted_budget_bytes = ?2 WHERE id = ?1",
+    [S_JOB_END] = "UPDATE jobs SET ended_ms = ?2, status = ?3 WHERE id = ?1",
     [S_SESSION_INSERT] =
         "INSERT INTO sessions (job_id, pid, uid, gid, started_ms)"
         " VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -97,8 +99,8 @@ static const char *const stmt_sql[S_COUNT] = {
                        " complete = 1 ORDER BY id DESC LIMIT 1",
     [S_PROFILE_GET] = "SELECT complete, signature, n_tensors, n_ops"
                       " FROM profiles WHERE id = ?1",
-    [S_META_SELECT] =
-        "SELECT key, value FROM profile_meta WHERE profile_id = ?1 ORDER BY seq",
+    [S_META_SELECT] = "SELECT key, value FROM profile_meta WHERE profile_id = "
+                      "?1 ORDER BY seq",
     [S_TENSOR_SELECT] = "SELECT tensor, bytes, kind FROM profile_tensors"
                         " WHERE profile_id = ?1 ORDER BY tensor",
     [S_OP_SELECT] = "SELECT seq, start_ns, end_ns, name, n_in, n_out, inputs,"
@@ -113,7 +115,8 @@ static const char *const stmt_sql[S_COUNT] = {
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     [S_ACTION_INSERT] =
         "INSERT INTO plan_actions VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    [S_RECOMP_INSERT] = "INSERT INTO plan_recompute_ops VALUES (?1, ?2, ?3, ?4)",
+    [S_RECOMP_INSERT] =
+        "INSERT INTO plan_recompute_ops VALUES (?1, ?2, ?3, ?4)",
     [S_JOBPLAN_INSERT] = "INSERT INTO job_plans (job_id, plan_id, reused,"
                          " sent_ms) VALUES (?1, ?2, ?3, ?4)",
     [S_PLAN_FIND] =
@@ -127,10 +130,9 @@ static const char *const stmt_sql[S_COUNT] = {
         "SELECT profile_id, policy, version, budget_bytes, predicted_iter_ns,"
         " predicted_peak_bytes, h2d_gbps, d2h_gbps, duplex_gbps"
         " FROM plans WHERE id = ?1",
-    [S_ACTION_SELECT] =
-        "SELECT seq, tensor, evict_after_access, method, flags,"
-        " prefetch_tensor, prefetch_access FROM plan_actions"
-        " WHERE plan_id = ?1 ORDER BY seq",
+    [S_ACTION_SELECT] = "SELECT seq, tensor, evict_after_access, method, flags,"
+                        " prefetch_tensor, prefetch_access FROM plan_actions"
+                        " WHERE plan_id = ?1 ORDER BY seq",
     [S_RECOMP_SELECT] = "SELECT action_seq, op_seq FROM plan_recompute_ops"
                         " WHERE plan_id = ?1 ORDER BY action_seq, pos",
     [S_ITER_INSERT] =
@@ -401,8 +403,8 @@ static int set_pragmas(sqlite3 *db, const char *path, bool readonly) {
     }
     sqlite3_finalize(st);
     if (!wal)
-      return cap__store_fail(CAP_ESTORE, "%s: cannot enable WAL mode: %s",
-                             path, sqlite3_errmsg(db));
+      return cap__store_fail(CAP_ESTORE, "%s: cannot enable WAL mode: %s", path,
+                             sqlite3_errmsg(db));
   }
   return 0;
 fail:;
@@ -504,7 +506,9 @@ void cap_store_close(cap_store_t *s) {
   free(s);
 }
 
-sqlite3 *cap_store_db(cap_store_t *s) { return s ? s->db : NULL; }
+sqlite3 *cap_store_db(cap_store_t *s) {
+  return s ? s->db : NULL;
+}
 
 /* --- jobs and sessions ---------------------------------------------------- */
 
@@ -950,8 +954,8 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
     sqlite3_int64 seq = sqlite3_column_int64(st, 0);
     sqlite3_int64 n_in = sqlite3_column_int64(st, 4);
     sqlite3_int64 n_out = sqlite3_column_int64(st, 5);
-    if (seq < 0 || seq >= (sqlite3_int64)UINT32_MAX || n_in < 0 ||
-        n_out < 0 || n_in > (1 << 24) || n_out > (1 << 24)) {
+    if (seq < 0 || seq >= (sqlite3_int64)UINT32_MAX || n_in < 0 || n_out < 0 ||
+        n_in > (1 << 24) || n_out > (1 << 24)) {
       rc = corrupt(s, id, "op row out of range", NULL);
       goto out;
     }
@@ -1049,9 +1053,8 @@ static int plan_put(cap_store_t *s, int64_t profile_id, int64_t job_id,
                              i, (int)a->method);
     if (a->method == CAP_METHOD_RECOMPUTE &&
         ((uint64_t)a->recompute_off + a->n_recompute > plan->n_recompute_ops))
-      return cap__store_fail(CAP_EINVAL,
-                             "plan put: action %u: recompute ops out of range",
-                             i);
+      return cap__store_fail(
+          CAP_EINVAL, "plan put: action %u: recompute ops out of range", i);
   }
   if ((rc = tx_begin(s)) != 0)
     return rc;
@@ -1060,8 +1063,8 @@ static int plan_put(cap_store_t *s, int64_t profile_id, int64_t job_id,
     goto out_sql;
   sqlite3_bind_int64(st, 1, profile_id);
   bind_opt_id(st, 2, job_id);
-  sqlite3_bind_text(st, 3, plan->policy, (int)strnlen(plan->policy,
-                                                     sizeof plan->policy),
+  sqlite3_bind_text(st, 3, plan->policy,
+                    (int)strnlen(plan->policy, sizeof plan->policy),
                     SQLITE_TRANSIENT);
   sqlite3_bind_int64(st, 4, plan->version);
   sqlite3_bind_int64(st, 5, u64(plan->budget_bytes));
@@ -1244,15 +1247,15 @@ static int plan_load(cap_store_t *s, int64_t id, cap_plan_t **out,
   sqlite3_bind_int64(st, 1, id);
   int step = sqlite3_step(st);
   if (step == SQLITE_DONE) {
-    rc = cap__store_fail(CAP_ENOENT, "%s: no plan %lld", s->path,
-                         (long long)id);
+    rc =
+        cap__store_fail(CAP_ENOENT, "%s: no plan %lld", s->path, (long long)id);
     goto out;
   }
   if (step != SQLITE_ROW)
     goto out_sql;
   int64_t prof = sqlite3_column_int64(st, 0);
-  plan = cap_plan_create((const char *)sqlite3_column_text(st, 1),
-                         col_u64(st, 3));
+  plan =
+      cap_plan_create((const char *)sqlite3_column_text(st, 1), col_u64(st, 3));
   if (!plan) {
     rc = cap__store_fail(CAP_ENOMEM, "out of memory");
     goto out;

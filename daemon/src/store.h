@@ -43,8 +43,9 @@ typedef struct cap_store cap_store_t;
 
 /* cap_store_open() flags */
 #define CAP_STORE_READONLY 0x1u /* SQLITE_OPEN_READONLY: capuchin-query */
-#define CAP_STORE_CREATE 0x2u   /* create the file (and its parent folder,
-                                   mode 0750) when missing; read-write only */
+#define CAP_STORE_CREATE                                                       \
+  0x2u /* create the file (and its parent folder,                              \
+          mode 0750) when missing; read-write only */
 
 /* Default database path (issue 4): /var/lib/capuchin/capuchin.db as root,
  * else $XDG_STATE_HOME/capuchin/capuchin.db, else
@@ -82,13 +83,13 @@ struct sqlite3 *cap_store_db(cap_store_t *s);
  * A job is one training process as it introduced itself (Hello); a session
  * is one connection carrying it. */
 typedef struct cap_store_job {
-  const char *name;             /* job name from Hello; NULL -> "" */
-  const char *hostname;         /* NULL -> "" */
-  uint32_t pid, uid, gid;       /* peer credentials (SO_PEERCRED) */
-  int32_t device;               /* CUDA device index, -1 if unknown */
-  uint64_t device_total_bytes;  /* 0 if unknown */
+  const char *name;                /* job name from Hello; NULL -> "" */
+  const char *hostname;            /* NULL -> "" */
+  uint32_t pid, uid, gid;          /* peer credentials (SO_PEERCRED) */
+  int32_t device;                  /* CUDA device index, -1 if unknown */
+  uint64_t device_total_bytes;     /* 0 if unknown */
   uint64_t requested_budget_bytes; /* 0: none requested */
-  uint64_t hello_signature;     /* signature the client claimed, 0 if none */
+  uint64_t hello_signature;        /* signature the client claimed, 0 if none */
 } cap_store_job_t;
 
 int cap_store_job_begin(cap_store_t *s, const cap_store_job_t *job,

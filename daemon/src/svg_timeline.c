@@ -17,7 +17,9 @@
 #define PH (H - MT - MB)
 #define FONT "DejaVu Sans, Helvetica, Arial, sans-serif"
 /* Labels over curves get a white halo so they stay readable. */
-#define HALO "stroke=\"#ffffff\" stroke-width=\"3.5\" paint-order=\"stroke\" stroke-linejoin=\"round\""
+#define HALO                                                                   \
+  "stroke=\"#ffffff\" stroke-width=\"3.5\" paint-order=\"stroke\" "            \
+  "stroke-linejoin=\"round\""
 
 #define C_UNMANAGED "#80868b"
 #define C_PLANNED "#1a73e8"
@@ -62,7 +64,11 @@ static double nice_step(double range, int target) {
   double raw = range / target;
   double mag = pow(10, floor(log10(raw)));
   double norm = raw / mag;
-  double nice = norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10;
+  double nice = norm <= 1     ? 1
+                : norm <= 2   ? 2
+                : norm <= 2.5 ? 2.5
+                : norm <= 5   ? 5
+                              : 10;
   return nice * mag;
 }
 
@@ -169,8 +175,10 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   xml_text(f, tl->title);
   fputs("</title>\n", f);
   fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
-  fprintf(f, "<text x=\"%d\" y=\"34\" font-size=\"21\" font-weight=\"bold\" "
-             "fill=\"#202124\">", ML);
+  fprintf(f,
+          "<text x=\"%d\" y=\"34\" font-size=\"21\" font-weight=\"bold\" "
+          "fill=\"#202124\">",
+          ML);
   xml_text(f, tl->title);
   fputs("</text>\n", f);
   if (tl->subtitle) {
@@ -219,8 +227,9 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.22\" stroke=\"none\" d=\"",
           C_UNMANAGED);
   curve_path(f, &s, um, tl->unmanaged_end_ns, true);
-  fprintf(f, "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.4\" "
-             "stroke-linejoin=\"round\" d=\"",
+  fprintf(f,
+          "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.4\" "
+          "stroke-linejoin=\"round\" d=\"",
           C_UNMANAGED);
   curve_path(f, &s, um, tl->unmanaged_end_ns, false);
   fputs("\"/>\n", f);
@@ -228,8 +237,9 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
     fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.16\" stroke=\"none\" d=\"",
             C_PLANNED);
     curve_path(f, &s, pl, tl->planned_end_ns, true);
-    fprintf(f, "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
-               "stroke-linejoin=\"round\" d=\"",
+    fprintf(f,
+            "\"/>\n<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
+            "stroke-linejoin=\"round\" d=\"",
             C_PLANNED);
     curve_path(f, &s, pl, tl->planned_end_ns, false);
     fputs("\"/>\n", f);
@@ -242,8 +252,8 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
     fprintf(f,
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
-            "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" "
-            HALO ">persistent (weights, inputs) %s MiB</text>\n",
+            "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" " HALO
+            ">persistent (weights, inputs) %s MiB</text>\n",
             ML, y, ML + PW, y, C_FLOOR, ML + 8,
             /* Below the floor no curve ever goes: label there when it fits. */
             px_y(&s, 0) - y >= 20 ? y + 15 : y - 6, C_FLOOR, a);

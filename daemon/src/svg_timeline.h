@@ -14,14 +14,14 @@
 #include "capuchin/profile.h"
 
 typedef struct cap_svg_timeline {
-  const char *title;           /* "resnet50 — plan 3 (capuchin v2)" */
-  const char *subtitle;        /* one line of numbers, may be NULL */
+  const char *title;            /* "resnet50 — plan 3 (capuchin v2)" */
+  const char *subtitle;         /* one line of numbers, may be NULL */
   const cap_curve_t *unmanaged; /* required */
-  int64_t unmanaged_end_ns;    /* the unmanaged iteration's length */
-  const cap_curve_t *planned;  /* NULL: draw the unmanaged curve only */
+  int64_t unmanaged_end_ns;     /* the unmanaged iteration's length */
+  const cap_curve_t *planned;   /* NULL: draw the unmanaged curve only */
   int64_t planned_end_ns;
-  uint64_t budget_bytes;       /* 0: no budget line */
-  uint64_t persistent_bytes;   /* 0: no floor line */
+  uint64_t budget_bytes;     /* 0: no budget line */
+  uint64_t persistent_bytes; /* 0: no floor line */
 } cap_svg_timeline_t;
 
 /* Write the SVG document to f. Returns 0, CAP_EINVAL or CAP_EIO. */

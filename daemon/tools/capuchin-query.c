@@ -133,8 +133,7 @@ static bool row_exists(ctx_t *c, const char *table, int64_t id) {
   return found;
 }
 
-#define TS(col)                                                                \
-  "strftime('%Y-%m-%dT%H:%M:%SZ', " col " / 1000, 'unixepoch')"
+#define TS(col) "strftime('%Y-%m-%dT%H:%M:%SZ', " col " / 1000, 'unixepoch')"
 
 /* --- jobs, profiles, plans, iterations ------------------------------------ */
 
@@ -157,11 +156,15 @@ static int cmd_jobs(ctx_t *c) {
   return print_query(
       c, cols, (int)(sizeof cols / sizeof cols[0]),
       "SELECT j.id, j.name, j.hostname, j.pid, j.uid, j.device,"
-      " j.requested_budget_bytes, j.granted_budget_bytes, " TS("j.started_ms")
-      ", " TS("j.ended_ms") ", j.status,"
-      " (SELECT count(*) FROM iterations i WHERE i.job_id = j.id),"
-      " (SELECT count(*) FROM job_plans jp WHERE jp.job_id = j.id)"
-      " FROM jobs j ORDER BY j.id",
+      " j.requested_budget_bytes, j.granted_budget_bytes, " TS(
+          "j.started_ms") ", " TS("j.ended_ms") ", j.status,"
+                                                " (SELECT count(*) FROM "
+                                                "iterations i WHERE i.job_id = "
+                                                "j.id),"
+                                                " (SELECT count(*) FROM "
+                                                "job_plans jp WHERE jp.job_id "
+                                                "= j.id)"
+                                                " FROM jobs j ORDER BY j.id",
       0);
 }
 
@@ -207,21 +210,22 @@ static const cap_qcol_t plan_cols[] = {
     {"created", NULL, CAP_QCOL_TEXT},
 };
 #define PLAN_SELECT                                                            \
-  "SELECT pl.id, pl.profile_id, pl.job_id, pr.model, pl.policy, pl.version,"  \
-  " pl.budget_bytes, pl.predicted_iter_ns, pl.predicted_peak_bytes,"          \
-  " pl.n_actions, pl.h2d_gbps, pl.d2h_gbps, " TS("pl.created_ms")             \
-  " FROM plans pl JOIN profiles pr ON pr.id = pl.profile_id"
+  "SELECT pl.id, pl.profile_id, pl.job_id, pr.model, pl.policy, pl.version,"   \
+  " pl.budget_bytes, pl.predicted_iter_ns, pl.predicted_peak_bytes,"           \
+  " pl.n_actions, pl.h2d_gbps, pl.d2h_gbps, " TS(                              \
+      "pl.created_ms") " FROM plans pl JOIN profiles pr ON pr.id = "           \
+                       "pl.profile_id"
 
 static int cmd_plans(ctx_t *c, int64_t job) {
   if (job > 0 && !row_exists(c, "jobs", job))
     return fail("no job %" PRId64, job);
-  return print_query(c, plan_cols, (int)(sizeof plan_cols / sizeof plan_cols[0]),
-                     job > 0 ? PLAN_SELECT
-                         " WHERE pl.job_id = ?1 OR pl.id IN"
-                         " (SELECT plan_id FROM job_plans WHERE job_id = ?1)"
-                         " ORDER BY pl.id"
-                             : PLAN_SELECT " ORDER BY pl.id",
-                     job);
+  return print_query(
+      c, plan_cols, (int)(sizeof plan_cols / sizeof plan_cols[0]),
+      job > 0 ? PLAN_SELECT " WHERE pl.job_id = ?1 OR pl.id IN"
+                            " (SELECT plan_id FROM job_plans WHERE job_id = ?1)"
+                            " ORDER BY pl.id"
+              : PLAN_SELECT " ORDER BY pl.id",
+      job);
 }
 
 static int cmd_iterations(ctx_t *c, int64_t job) {
@@ -296,8 +300,20 @@ static int load_plan(ctx_t *c, int64_t id, loaded_t *l) {
 
 static int cmd_plan(ctx_t *c, int64_t id) {
   enum {
-    A_SEQ, A_TENSOR, A_BYTES, A_METHOD, A_EVICT, A_BACK, A_TRIGGER, A_OPS,
-    A_OFF, A_OUT, A_IN, A_RECOMP, A_FT, A_N
+    A_SEQ,
+    A_TENSOR,
+    A_BYTES,
+    A_METHOD,
+    A_EVICT,
+    A_BACK,
+    A_TRIGGER,
+    A_OPS,
+    A_OFF,
+    A_OUT,
+    A_IN,
+    A_RECOMP,
+    A_FT,
+    A_N
   };
   static const cap_qcol_t cols[A_N] = {
       [A_SEQ] = {"action", NULL, CAP_QCOL_INT},
@@ -315,8 +331,20 @@ static int cmd_plan(ctx_t *c, int64_t id) {
       [A_FT] = {"free_time_ns", "FT ms", CAP_QCOL_NS},
   };
   enum {
-    S_ID, S_PROFILE, S_MODEL, S_POLICY, S_VERSION, S_BUDGET, S_PITER, S_PPEAK,
-    S_UITER, S_UPEAK, S_NACT, S_SWAPB, S_RECB, S_N
+    S_ID,
+    S_PROFILE,
+    S_MODEL,
+    S_POLICY,
+    S_VERSION,
+    S_BUDGET,
+    S_PITER,
+    S_PPEAK,
+    S_UITER,
+    S_UPEAK,
+    S_NACT,
+    S_SWAPB,
+    S_RECB,
+    S_N
   };
   static const cap_qcol_t scols[S_N] = {
       [S_ID] = {"plan", NULL, CAP_QCOL_INT},
@@ -350,8 +378,8 @@ static int cmd_plan(ctx_t *c, int64_t id) {
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
     if (a->tensor >= p->n_tensors) {
-      fail("plan %" PRId64 ": action %u names tensor %u, profile has %u", id,
-           i, a->tensor, p->n_tensors);
+      fail("plan %" PRId64 ": action %u names tensor %u, profile has %u", id, i,
+           a->tensor, p->n_tensors);
       goto out;
     }
     uint64_t bytes = p->tensors[a->tensor].bytes;
@@ -419,9 +447,9 @@ static int cmd_plan(ctx_t *c, int64_t id) {
   cap_qtable_set_int(sum, S_PITER, plan->predicted_iter_ns);
   cap_qtable_set_int(sum, S_PPEAK, (int64_t)plan->predicted_peak_bytes);
   cap_qtable_set_int(sum, S_UITER, p->iter_ns);
-  cap_qtable_set_int(sum, S_UPEAK,
-                     (int64_t)(p->persistent_bytes +
-                               cap_profile_transient_peak(p)));
+  cap_qtable_set_int(
+      sum, S_UPEAK,
+      (int64_t)(p->persistent_bytes + cap_profile_transient_peak(p)));
   cap_qtable_set_int(sum, S_NACT, plan->n_actions);
   cap_qtable_set_int(sum, S_SWAPB, (int64_t)swap_bytes);
   cap_qtable_set_int(sum, S_RECB, (int64_t)rec_bytes);
@@ -494,8 +522,8 @@ static int cmd_timeline(ctx_t *c, int64_t id, const char *svg) {
   mib(bud, sizeof bud, l.plan->budget_bytes);
   snprintf(title, sizeof title,
            "%s \xe2\x80\x94 plan %" PRId64 " (%s v%u), budget %s",
-           l.profile->model[0] ? l.profile->model : "model", id,
-           l.plan->policy, l.plan->version, bud);
+           l.profile->model[0] ? l.profile->model : "model", id, l.plan->policy,
+           l.plan->version, bud);
   mib(a, sizeof a, um.peak_bytes);
   mib(b, sizeof b, sim.peak_bytes);
   double slow = l.profile->iter_ns > 0
@@ -541,7 +569,8 @@ static int cmd_timeline(ctx_t *c, int64_t id, const char *svg) {
       {"planned_iter_ns", "planned ms", CAP_QCOL_NS},
       {"stall_ns", "stall ms", CAP_QCOL_NS},
   };
-  cap_qtable_t *t = cap_qtable_create(cols, (int)(sizeof cols / sizeof cols[0]));
+  cap_qtable_t *t =
+      cap_qtable_create(cols, (int)(sizeof cols / sizeof cols[0]));
   if (!t || cap_qtable_row(t) != 0) {
     cap_qtable_destroy(t);
     goto out;

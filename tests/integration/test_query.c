@@ -75,8 +75,7 @@ static bool py(const char *script) {
   if (!have_python)
     return true;
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "python3 -c '%s' '%s'", script,
-           path_in("out.txt"));
+  snprintf(cmd, sizeof cmd, "python3 -c '%s' '%s'", script, path_in("out.txt"));
   int st = system(cmd);
   return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
@@ -114,8 +113,8 @@ static cap_plan_t *make_plan(uint32_t version, int64_t lead_scale) {
       break;
     used[best] = true;
     uint32_t back = cap_profile_access_op(prof, best, 2);
-    int64_t lead = cap_copy_ns(prof->tensors[best].bytes, bw.h2d_gbps) *
-                   lead_scale;
+    int64_t lead =
+        cap_copy_ns(prof->tensors[best].bytes, bw.h2d_gbps) * lead_scale;
     uint32_t trig_op = back;
     while (trig_op > 0 &&
            prof->ops[back].start_ns - prof->ops[trig_op].start_ns < lead)
@@ -149,7 +148,8 @@ static cap_plan_t *make_plan(uint32_t version, int64_t lead_scale) {
   plan->predicted_iter_ns = r.iter_ns;
   plan->predicted_peak_bytes = r.peak_bytes;
   /* The budget the plan was made for: its simulated peak, rounded up. */
-  plan->budget_bytes = (r.peak_bytes + (64 << 20) - 1) / (64 << 20) * (64 << 20);
+  plan->budget_bytes =
+      (r.peak_bytes + (64 << 20) - 1) / (64 << 20) * (64 << 20);
   cap_sim_result_close(&r);
   return plan;
 fail:
@@ -166,8 +166,12 @@ static void populate(void) {
   REQUIRE(cap_store_open(db_path, CAP_STORE_CREATE, &s) == 0);
   cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
   uint64_t sig = cap_profile_signature(prof);
-  cap_store_job_t a = {.name = "resnet50-rank0", .hostname = "node1",
-                       .pid = 100, .uid = 1000, .gid = 1000, .device = 0,
+  cap_store_job_t a = {.name = "resnet50-rank0",
+                       .hostname = "node1",
+                       .pid = 100,
+                       .uid = 1000,
+                       .gid = 1000,
+                       .device = 0,
                        .device_total_bytes = 80ull << 30,
                        .requested_budget_bytes = 4ull << 30};
   cap_store_job_t b = a;
@@ -177,8 +181,7 @@ static void populate(void) {
   int64_t sess = 0;
   REQUIRE(cap_store_job_begin(s, &a, &job_a) == 0);
   REQUIRE(cap_store_session_begin(s, job_a, 100, 1000, 1000, &sess) == 0);
-  REQUIRE(cap_store_profile_put(s, job_a, prof, sig, true, &bw, &prof_id) ==
-          0);
+  REQUIRE(cap_store_profile_put(s, job_a, prof, sig, true, &bw, &prof_id) == 0);
   p1 = make_plan(1, 1);
   p2 = make_plan(2, 3); /* refined: earlier triggers */
   REQUIRE(p1 && p2);
@@ -188,13 +191,17 @@ static void populate(void) {
   REQUIRE(cap_store_plan_put(s, prof_id, job_a, p2, &bw, &plan2) == 0);
   for (uint64_t i = 1; i <= 5; i++) {
     bool v2 = i > 2;
-    cap_store_iteration_t it = {
-        .job_id = job_a, .session_id = sess,
-        .plan_id = v2 ? plan2 : plan1, .plan_version = v2 ? 2 : 1,
-        .iteration = i, .iter_ns = 41000000 + 100000 * (int64_t)i,
-        .peak_bytes = p1->predicted_peak_bytes, .stall_ns = v2 ? 0 : 250000,
-        .n_stalls = v2 ? 0 : 3, .swap_out_bytes = 1ull << 30,
-        .swap_in_bytes = 1ull << 30};
+    cap_store_iteration_t it = {.job_id = job_a,
+                                .session_id = sess,
+                                .plan_id = v2 ? plan2 : plan1,
+                                .plan_version = v2 ? 2 : 1,
+                                .iteration = i,
+                                .iter_ns = 41000000 + 100000 * (int64_t)i,
+                                .peak_bytes = p1->predicted_peak_bytes,
+                                .stall_ns = v2 ? 0 : 250000,
+                                .n_stalls = v2 ? 0 : 3,
+                                .swap_out_bytes = 1ull << 30,
+                                .swap_in_bytes = 1ull << 30};
     REQUIRE(cap_store_iteration_put(s, &it, NULL) == 0);
   }
   REQUIRE(cap_store_job_end(s, job_a, "ok") == 0);
@@ -205,8 +212,8 @@ static void populate(void) {
   cap_profile_t *part = cap_profile_create();
   REQUIRE(part);
   REQUIRE(cap_profile_add_tensor(part, 0, 1024, CAP_KIND_PARAM) == 0);
-  REQUIRE(cap_store_profile_put(s, job_b, part, 0, false, NULL,
-                                &partial_id) == 0);
+  REQUIRE(cap_store_profile_put(s, job_b, part, 0, false, NULL, &partial_id) ==
+          0);
   cap_profile_destroy(part);
   cap_store_close(s);
 }
@@ -227,8 +234,7 @@ static void test_jobs(void) {
            "assert d[0][\"requested_budget_bytes\"]==4<<30"));
   snprintf(args, sizeof args, "--db '%s' --format csv jobs", db_path);
   CHECK_EQ(query(args), 0);
-  CHECK(file_contains(path_in("out.txt"),
-                      "\"bert \"\"large\"\", rank 1\""));
+  CHECK(file_contains(path_in("out.txt"), "\"bert \"\"large\"\", rank 1\""));
   CHECK(py("import csv,sys; r=list(csv.reader(open(sys.argv[1],newline=\"\")));"
            " assert r[0][0]==\"id\" and len(r)==3, r;"
            " assert r[2][1]==\"bert \\\"large\\\", rank 1\", r[2];"
@@ -283,8 +289,7 @@ static void test_profiles_and_plans(void) {
            (unsigned long long)p1->budget_bytes, p1->actions[0].tensor,
            (unsigned long long)prof->tensors[p1->actions[0].tensor].bytes);
   CHECK(py(script));
-  snprintf(args, sizeof args, "--db '%s' plan %lld", db_path,
-           (long long)plan1);
+  snprintf(args, sizeof args, "--db '%s' plan %lld", db_path, (long long)plan1);
   CHECK_EQ(query(args), 0);
   CHECK(file_contains(path_in("out.txt"), "swap"));
   CHECK(file_contains(path_in("out.txt"), "freed for ms"));
@@ -448,8 +453,8 @@ static void test_while_writing(void) {
     if (cap_store_open(db_path, 0, &s) != 0)
       _exit(2);
     for (uint64_t i = 100;; i++) {
-      cap_store_iteration_t it = {.job_id = job_b, .iteration = i,
-                                  .iter_ns = 1};
+      cap_store_iteration_t it = {
+          .job_id = job_b, .iteration = i, .iter_ns = 1};
       if (cap_store_iteration_put(s, &it, NULL) != 0)
         _exit(3);
       usleep(500); /* a busy daemon's pace, not a flood */

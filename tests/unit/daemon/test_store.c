@@ -79,8 +79,7 @@ static int64_t scalar(sqlite3 *db, const char *sql) {
   return v;
 }
 
-static char *text_scalar(sqlite3 *db, const char *sql, char *buf,
-                         size_t len) {
+static char *text_scalar(sqlite3 *db, const char *sql, char *buf, size_t len) {
   sqlite3_stmt *st = NULL;
   buf[0] = '\0';
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
@@ -150,8 +149,8 @@ static void check_refused(const char *path, int want, const char *why) {
   REQUIRE(before);
   cap_store_t *s = (cap_store_t *)1;
   for (int ro = 0; ro < 2; ro++) {
-    int rc = cap_store_open(path, ro ? CAP_STORE_READONLY : CAP_STORE_CREATE,
-                            &s);
+    int rc =
+        cap_store_open(path, ro ? CAP_STORE_READONLY : CAP_STORE_CREATE, &s);
     CHECK_EQ(rc, want);
     CHECK(s == NULL);
     CHECK(strstr(cap_store_last_error(), path) != NULL);
@@ -199,8 +198,8 @@ static void test_refuse_foreign_sqlite(void) {
   const char *path = tmp_path("foreign.db");
   sqlite3 *db = NULL;
   REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
-  REQUIRE(sqlite3_exec(db, "CREATE TABLE photos(id INTEGER, path TEXT);",
-                       NULL, NULL, NULL) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(db, "CREATE TABLE photos(id INTEGER, path TEXT);", NULL,
+                       NULL, NULL) == SQLITE_OK);
   sqlite3_close(db);
   check_refused(path, CAP_ECORRUPT, "not a capuchin database");
 }
@@ -249,10 +248,9 @@ static void check_profiles_equal(const cap_profile_t *a,
 }
 
 static void test_profile_round_trip(void) {
-  static const char *const models[] = {"resnet50",     "vgg16",
-                                       "inception_v3", "mobilenet_v2",
-                                       "bert_base",    "bert_large",
-                                       "gpt2_small"};
+  static const char *const models[] = {
+      "resnet50",  "vgg16",      "inception_v3", "mobilenet_v2",
+      "bert_base", "bert_large", "gpt2_small"};
   cap_store_t *s = NULL;
   REQUIRE(cap_store_open(tmp_path("profiles.db"), CAP_STORE_CREATE, &s) == 0);
   cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
@@ -293,9 +291,9 @@ static void test_profile_round_trip(void) {
   CHECK_EQ(cap_store_profile_load(s, 99999, &q, NULL), CAP_ENOENT);
   CHECK(q == NULL);
   char buf[32];
-  CHECK_STR(text_scalar(cap_store_db(s), "PRAGMA integrity_check", buf,
-                        sizeof buf),
-            "ok");
+  CHECK_STR(
+      text_scalar(cap_store_db(s), "PRAGMA integrity_check", buf, sizeof buf),
+      "ok");
   cap_store_close(s);
 }
 
@@ -309,8 +307,8 @@ static void test_incomplete_profile(void) {
   REQUIRE(cap_profile_add_tensor(p, 0, 4096, CAP_KIND_PARAM) == 0);
   REQUIRE(cap_profile_add_tensor(p, 1, 8192, CAP_KIND_ACTIVATION) == 0);
   uint32_t in[] = {0}, out[] = {1};
-  REQUIRE(cap_profile_add_op(p, 0, 0, 100, "aten.mm.default", in, 1, out,
-                             1) == 0);
+  REQUIRE(cap_profile_add_op(p, 0, 0, 100, "aten.mm.default", in, 1, out, 1) ==
+          0);
   int64_t id = 0, found = 0;
   CHECK_EQ(cap_store_profile_put(s, 0, p, 0xabcdef, true, NULL, &id),
            CAP_ESTATE);
@@ -318,8 +316,7 @@ static void test_incomplete_profile(void) {
   CHECK_EQ(cap_store_profile_find(s, 0xabcdef, &found), CAP_ENOENT);
   cap_profile_t *q = NULL;
   CHECK_EQ(cap_store_profile_load(s, id, &q, NULL), CAP_ESTATE);
-  CHECK_EQ(scalar(cap_store_db(s), "SELECT count(*) FROM profile_accesses"),
-           2);
+  CHECK_EQ(scalar(cap_store_db(s), "SELECT count(*) FROM profile_accesses"), 2);
   cap_profile_destroy(p);
   cap_store_close(s);
 }
@@ -423,7 +420,8 @@ static void test_plan_round_trip_and_find(void) {
   REQUIRE(cap_store_plan_load(s, plan1, &back, &back_prof, &back_bw) == 0);
   check_plans_equal(v1, back);
   CHECK_EQ(back_prof, prof_id);
-  CHECK(back_bw.h2d_gbps == bw.h2d_gbps && back_bw.duplex_gbps == bw.duplex_gbps);
+  CHECK(back_bw.h2d_gbps == bw.h2d_gbps &&
+        back_bw.duplex_gbps == bw.duplex_gbps);
   cap_plan_destroy(back);
   back = NULL;
   REQUIRE(cap_store_plan_load(s, plan2, &back, NULL, NULL) == 0);
@@ -433,12 +431,11 @@ static void test_plan_round_trip_and_find(void) {
   CHECK_EQ(cap_store_plan_load(s, 424242, &back, NULL, NULL), CAP_ENOENT);
 
   int64_t found = 0, found_prof = 0;
-  REQUIRE(cap_store_plan_find(s, sig, budget, &bw, 0.2, &found,
-                              &found_prof) == 0);
+  REQUIRE(cap_store_plan_find(s, sig, budget, &bw, 0.2, &found, &found_prof) ==
+          0);
   CHECK_EQ(found, plan2); /* highest version */
   CHECK_EQ(found_prof, prof_id);
-  cap_bandwidth_t near = {bw.h2d_gbps * 0.9, bw.d2h_gbps * 1.1,
-                          bw.duplex_gbps};
+  cap_bandwidth_t near = {bw.h2d_gbps * 0.9, bw.d2h_gbps * 1.1, bw.duplex_gbps};
   CHECK_EQ(cap_store_plan_find(s, sig, budget, &near, 0.2, &found, NULL), 0);
   cap_bandwidth_t pcie3 = {12.0, 12.0, 20.0};
   CHECK_EQ(cap_store_plan_find(s, sig, budget, &pcie3, 0.2, &found, NULL),
@@ -458,8 +455,7 @@ static void test_plan_round_trip_and_find(void) {
   int64_t bad = 0;
   int64_t plans_before = scalar(cap_store_db(s), "SELECT count(*) FROM plans");
   CHECK_EQ(cap_store_plan_put(s, 777777, 0, v1, &bw, &bad), CAP_ESTORE);
-  CHECK_EQ(scalar(cap_store_db(s), "SELECT count(*) FROM plans"),
-           plans_before);
+  CHECK_EQ(scalar(cap_store_db(s), "SELECT count(*) FROM plans"), plans_before);
   CHECK_EQ(scalar(cap_store_db(s), "SELECT count(*) FROM job_plans"), 2);
 
   cap_plan_destroy(v1);
@@ -601,8 +597,8 @@ static void child_burst(const char *path, int fd, const cap_profile_t *p) {
     if (write(fd, &c, sizeof c) != sizeof c)
       _exit(4);
     cap_plan_t *plan = make_plan(p, budget, (uint32_t)round + 1);
-    if (!plan || cap_store_plan_put(s, prof_id, job_id, plan, &bw,
-                                    &plan_id) != 0)
+    if (!plan ||
+        cap_store_plan_put(s, prof_id, job_id, plan, &bw, &plan_id) != 0)
       _exit(3);
     cap_plan_destroy(plan);
     c = (struct committed){'P', plan_id, round + 1};
