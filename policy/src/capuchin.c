@@ -259,10 +259,19 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
   bool have_swap = false;
   if (rc != 0 || cost > cap_copy_ns(c->p->tensors[g->tensor].bytes, c->h2d_gbps))
     have_swap = cap__ft_eval(c, g, false, &ev);
-  /* A replay's temporaries must not make its back-access a new peak. */
+  /* A replay's temporaries must not make its back-access a new peak, nor
+   * may the tensors it brings back early (nested restores) go over. */
   if (rc == 0 && extra > 0 &&
       cap__memtree_max(&c->mem, g->b, g->b + 1) + extra > target)
     rc = CAP_ENOENT;
+  for (uint32_t i = 0; rc == 0 && i < c->restored.n; i++) {
+    const cap__choice_t *r = &c->ch[c->restored.v[i]];
+    if (r->save_hi > g->b &&
+        cap__memtree_max(&c->mem, g->b, r->save_hi) +
+                (int64_t)c->p->tensors[c->gaps[r->gap].tensor].bytes >
+            target)
+      rc = CAP_ENOENT;
+  }
   if (rc == 0 && (!have_swap || cost <= ev.stall_ns)) {
     *o = (opt_t){*g, true, false, ev, cost, extra, g->a + 1, g->b};
     return 0;
@@ -432,6 +441,21 @@ static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
 }
 
 #ifdef CAP_PLAN_DEBUG
+static void debug_live(cap__ctx_t *c, uint32_t pk) {
+  const cap_profile_t *p = c->p;
+  int64_t tot = (int64_t)p->persistent_bytes;
+  for (uint32_t x = 0; x < p->n_tensors; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    if (!t->n_accesses || cap_tensor_is_resident(t) || p->access_ops[t->access_off] > pk || c->live_end[x] <= pk) continue;
+    const char *st = "live";
+    for (uint32_t i = 0; i < c->n_ch; i++) { const cap__choice_t *ch = &c->ch[i]; if (c->gaps[ch->gap].tensor != x || ch->pruned) continue;
+      if (ch->save_lo <= pk && pk < ch->save_hi) st = "evicted"; else if (c->gaps[ch->gap].a < pk && pk < c->gaps[ch->gap].b) { fprintf(stderr, "   T%u chosen m%d gap %u-%u save %u-%u\n", x, ch->method, c->gaps[ch->gap].a, c->gaps[ch->gap].b, ch->save_lo, ch->save_hi); } }
+    if (strcmp(st, "live") == 0) tot += (int64_t)t->bytes;
+    if (t->bytes > 5000000) fprintf(stderr, "   T%u %.1fMB %s\n", x, t->bytes / 1e6, st);
+  }
+  fprintf(stderr, "   live total %lld\n", (long long)tot);
+}
+
 static void debug_peak(cap__ctx_t *c, int64_t target) {
   if (!getenv("CAP_DBG_PEAK") || cap__memtree_max_all(&c->mem) <= target)
     return;
@@ -439,13 +463,14 @@ static void debug_peak(cap__ctx_t *c, int64_t target) {
   uint32_t pk = 0; int64_t pm = INT64_MIN;
   for (uint32_t i = 0; i < c->n_ops; i++) { int64_t m = cap__memtree_max(&c->mem, i, i + 1); if (m > pm) { pm = m; pk = i; } }
   fprintf(stderr, " peak op %u %s mem %lld\n", pk, p->ops[pk].name, (long long)pm);
+  debug_live(c, pk);
   for (uint32_t gi = 0; gi < c->n_gaps; gi++) {
     const cap__gap_t *g = &c->gaps[gi];
     if (g->a >= pk || g->b <= pk || p->tensors[g->tensor].bytes < 1000000) continue;
     cap__gap_t eg; bool ok = eff_gap(c, gi, &eg);
     cap__swap_eval_t ev; bool h = ok && cap__ft_eval(c, &eg, true, &ev); bool e = ok && cap__ft_eval(c, &eg, false, &ev);
     int64_t co = 0, ex = 0; int r2 = ok ? cap__rc_build(c, &eg, &co, &ex) : 1;
-    fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
+    if (0) fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
   }
 }
 #endif
