@@ -401,6 +401,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->transient_decl = 0;
   c->log_cur.n_ops = 0;
   c->log_cur.n_ids = 0;
+  c->log_failed = false;
+  c->iter_op_errors = 0;
   for (uint32_t i = 0; i < c->n_tensors; i++) {
     c->tensors[i].n_access = 0;
   }
@@ -427,9 +429,9 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
   c->it.time_ns = cap__now_ns(c) - c->iter_start_ns;
   c->it.dropped_records = atomic_load(&c->dropped) - c->dropped_at_begin;
   c->in_iter = false;
-  bool incomplete = c->it.dropped_records != 0;
-  if (c->log_cur.n_ops >= UINT32_MAX / 2) {
-    c->log_cur.n_ops = 0;
+  bool incomplete = c->it.dropped_records != 0 || c->iter_op_errors != 0;
+  if (c->log_failed || c->iter_op_errors) {
+    c->log_failed = false;
   } else {
     cap__oplog_t tmp = c->log_last;
     c->log_last = c->log_cur;

@@ -242,6 +242,8 @@ struct cap_client {
   /* Lineage: ops of this and of the last complete iteration. */
   cap__oplog_t log_cur, log_last;
   bool log_last_valid;
+  bool log_failed;             /* log_cur incomplete (out of memory) */
+  uint32_t iter_op_errors;     /* op begins that failed this iteration */
 
   /* Plan. */
   cap__xplan_t x;              /* installed plan (x.plan NULL: none) */

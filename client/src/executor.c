@@ -727,8 +727,9 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
   if (out_ptrs)
     for (uint32_t i = 0; i < n_out; i++)
       out_ptrs[i] = c->tensors[out[i]].dev;
-  if (cap__oplog_add(&c->log_cur, name, in, n_in, out, n_out) < 0)
-    c->log_cur.n_ops = UINT32_MAX / 2; /* mark unusable; see iteration end */
+  if (!c->log_failed &&
+      cap__oplog_add(&c->log_cur, name, in, n_in, out, n_out) < 0)
+    c->log_failed = true; /* no lineage from this iteration */
   c->op_n_unique = nu;
   c->op_name = name;
   c->op_in = in;
@@ -742,6 +743,9 @@ out_unpin:
   for (uint32_t i = 0; i < nu; i++)
     if (c->tensors[c->op_ids[i]].pinned)
       c->tensors[c->op_ids[i]].pinned--;
+  /* The framework skips this op: the iteration's op sequence no longer
+   * matches the profile's (no lineage, no measurement from it). */
+  c->iter_op_errors++;
   return rc;
 }
 
