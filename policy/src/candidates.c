@@ -249,6 +249,7 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
   c->op_end = malloc(((size_t)n + 1) * sizeof *c->op_end);
   c->live_end = malloc(((size_t)nt + 1) * sizeof *c->live_end);
   c->base_mem = calloc((size_t)n + 1, sizeof *c->base_mem);
+  c->born = calloc((size_t)n + 1, sizeof *c->born);
   c->mod_off = calloc((size_t)nt + 1, sizeof *c->mod_off);
   c->gap_state = calloc((size_t)p->n_accesses + 1, 1);
   c->slot_choice = calloc((size_t)p->n_accesses + 1, sizeof *c->slot_choice);
@@ -257,7 +258,7 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
   c->mark_ver = calloc((size_t)nt + 1, sizeof *c->mark_ver);
   c->opmark = calloc((size_t)n + 1, sizeof *c->opmark);
   c->d2h_head = malloc(((size_t)n + 1) * sizeof *c->d2h_head);
-  if (!c->op_start || !c->op_end || !c->live_end || !c->base_mem ||
+  if (!c->op_start || !c->op_end || !c->live_end || !c->base_mem || !c->born ||
       !c->mod_off || !c->gap_state || !c->slot_choice || !c->uses || !c->mark || !c->mark_ver ||
       !c->opmark || !c->d2h_head)
     goto out_fail;
@@ -286,6 +287,7 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
         end = first + 1; /* freed inside its only op: held during it */
       c->live_end[x] = end;
       diff[first] += (int64_t)t->bytes;
+      c->born[first] += (int64_t)t->bytes;
       diff[end] -= (int64_t)t->bytes;
     }
     if (evictable_kind(c, t) && t->n_accesses > 1)
@@ -389,6 +391,7 @@ void cap__ctx_close(cap__ctx_t *c) {
   free(c->op_end);
   free(c->live_end);
   free(c->base_mem);
+  free(c->born);
   free(c->mod_off);
   free(c->mods);
   free(c->gap_state);

@@ -110,6 +110,7 @@ typedef struct cap__ctx {
   int64_t *op_end;
   uint32_t *live_end; /* per tensor: first op that no longer holds it */
   int64_t *base_mem;  /* per op: unmanaged device bytes at its start */
+  int64_t *born;      /* per op: bytes first allocated at its start */
   /* per tensor: ops that write it after its producer (in-place or out=),
    * ascending: mods[mod_off[t] .. mod_off[t+1]) */
   uint32_t *mod_off, *mods;

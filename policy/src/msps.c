@@ -187,7 +187,11 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     }
   }
   *cost_ns = cost + fetch_ns;
-  *extra_bytes = extra;
+  /* The replay runs before op b allocates its own new outputs and its
+   * temporaries are gone when b starts: the estimate of op b only grows by
+   * what the replay holds beyond those. */
+  extra -= c->born[b];
+  *extra_bytes = extra > 0 ? extra : 0;
   return 0;
 }
 
