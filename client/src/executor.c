@@ -320,12 +320,17 @@ out_free_host:
 static bool evict_lru(cap_client_t *c) {
   uint32_t best = CAP_NONE;
   uint64_t best_lru = UINT64_MAX;
-  for (uint32_t i = 0; i < c->n_tensors; i++) {
-    const cap__tensor_t *t = &c->tensors[i];
-    if (t->state == CAP__T_DEVICE && !t->persistent && !t->pinned &&
-        t->lru < best_lru) {
-      best = i;
-      best_lru = t->lru;
+  /* Transient tensors first; persistent ones (weights, optimizer state)
+   * only when nothing else is left, e.g. an optimizer op whose own tensors
+   * fill the budget: the job goes on rather than fail. */
+  for (int pass = 0; pass < 2 && best == CAP_NONE; pass++) {
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+      const cap__tensor_t *t = &c->tensors[i];
+      if (t->state == CAP__T_DEVICE && t->persistent == pass && !t->pinned &&
+          t->lru < best_lru) {
+        best = i;
+        best_lru = t->lru;
+      }
     }
   }
   if (best == CAP_NONE)

@@ -236,8 +236,12 @@ static int run_iteration(replay_t *r, row_t *row) {
     int64_t until = s + 1 < p->n_ops ? p->ops[s + 1].start_ns : INT64_MAX;
     while (fi < p->n_frees && p->frees[fi].t_ns <= until) {
       rc = cap_client_free(c, p->frees[fi].tensor);
-      if (rc < 0)
+      if (rc < 0) {
         r->errors++;
+        if (getenv("CAPUCHIN_REPLAY_DEBUG"))
+          fprintf(stderr, "capuchin-replay: free %u: %s (%s)\n",
+                  p->frees[fi].tensor, cap_strerror(rc), cap_client_last_error(c));
+      }
       fi++;
     }
   }
