@@ -12,6 +12,10 @@
  * engines re-read it each time they wake. Model times, not wake-up times,
  * chain one item to the next, so sleep overshoot does not accumulate.
  *
+ * A copy's bytes are moved (memcpy) just before its modelled end, so that
+ * reading the destination without waiting for the copy finds the old bytes,
+ * as it would on a GPU.
+ *
  * One mutex guards the engines, their queues and every event; one condition
  * variable (CLOCK_MONOTONIC) is broadcast on every change. The compute stream
  * has its own mutex, held for the length of an op (ops on one stream are
@@ -72,6 +76,7 @@ typedef struct sim {
   double duplex;
   double scale;
   int64_t t0_real;
+  double memcpy_ns_per_byte; /* real time, running estimate */
   /* device capacity */
   uint64_t capacity, used;
   /* compute stream: op_mu serializes ops (held for an op's length), cmu
@@ -229,10 +234,29 @@ static void *engine_main(void *arg) {
     e->t_last = start;
     set_rates(s);
     pthread_cond_broadcast(&s->cv); /* the other direction's end moved */
+    /* The bytes land at the end of the copy, as on a device: a reader that
+     * does not wait for the copy's event sees the old contents. So wait
+     * until the modelled end minus the time memcpy is expected to take. */
+    while (!s->stop) {
+      progress_to(s, model_now(s));
+      if (e->done)
+        break;
+      int64_t lead = (int64_t)((double)it->bytes * s->memcpy_ns_per_byte / s->scale);
+      int64_t t_copy = end_of(e) - lead;
+      if (model_now(s) >= t_copy)
+        break;
+      struct timespec ts = real_deadline(s, t_copy);
+      pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     pthread_mutex_unlock(&s->mu);
+    int64_t r0 = real_ns();
     memcpy(it->dst, it->src, it->bytes);
+    int64_t r1 = real_ns();
     int64_t moved_t = model_now(s);
     pthread_mutex_lock(&s->mu);
+    if (it->bytes >= (64u << 10)) /* running estimate of memcpy speed */
+      s->memcpy_ns_per_byte =
+          0.8 * s->memcpy_ns_per_byte + 0.2 * (double)(r1 - r0) / (double)it->bytes;
     while (!s->stop) {
       progress_to(s, model_now(s));
       if (e->done)
@@ -270,6 +294,7 @@ static int sim_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, v
   s->duplex = cfg->sim_duplex_gbps;
   s->scale = cfg->time_scale;
   s->capacity = cfg->sim_device_bytes;
+  s->memcpy_ns_per_byte = 0.1; /* 10 GB/s until measured */
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -9,20 +9,25 @@ static void sim_config(double scale) {
   cap_backend_config_init(&conf_cfg);
   conf_cfg.name = "sim";
   conf_cfg.time_scale = scale;
-  /* slow enough that a 32 MiB copy takes milliseconds of model time */
-  conf_cfg.sim_h2d_gbps = 8.0;
-  conf_cfg.sim_d2h_gbps = 6.0;
-  conf_cfg.sim_duplex_gbps = 10.0;
+  /* slow enough that a 32 MiB copy takes 11 ms of model time, well above
+   * what memcpy needs; both directions at once are duplex-limited */
+  conf_cfg.sim_h2d_gbps = 3.0;
+  conf_cfg.sim_d2h_gbps = 3.0;
+  conf_cfg.sim_duplex_gbps = 4.0;
   conf_cfg.sim_device_bytes = 1ull << 30;
 }
 
-/* Duplex sharing, max-min: D2H alone at 6 GB/s; both at once, H2D gets
- * 10 - 6 = 4 GB/s... unless D2H is below half the duplex (5): it is not
- * (6 > 5), so both get 5 GB/s while both run. A 30 MB H2D copy and a 15 MB
- * D2H copy started together: D2H ends at 15e6/5 = 3 ms, having let H2D move
- * 15 MB; H2D then runs alone at 8 GB/s for 15e6/8 = 1.875 ms: 4.875 ms. */
+/* Duplex sharing, max-min, at 2 GB/s H2D, 1.5 GB/s D2H, 2.5 GB/s duplex
+ * (slow, so that the model and not memcpy sets the pace): while both run,
+ * neither is below half the duplex (1.25), so both get 1.25 GB/s. A 30 MB
+ * H2D copy and a 15 MB D2H copy started together: D2H ends at 15e6 / 1.25 =
+ * 12 ms, having let H2D move 15 MB; H2D then runs alone at 2 GB/s for
+ * 7.5 ms: 19.5 ms. (Without the duplex limit: 10 ms and 15 ms.) */
 static void sim_duplex_exact(void) {
   sim_config(1.0);
+  conf_cfg.sim_h2d_gbps = 2.0;
+  conf_cfg.sim_d2h_gbps = 1.5;
+  conf_cfg.sim_duplex_gbps = 2.5;
   cap_backend_t *b = NULL;
   REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
   size_t big = 30000000, small = 15000000;
@@ -48,10 +53,10 @@ static void sim_duplex_exact(void) {
   int64_t t_d2h = cap_backend_now_ns(b) - t0;
   CHECK_EQ(cap_backend_event_synchronize(b, e1), 0);
   int64_t t_h2d = cap_backend_now_ns(b) - t0;
-  printf("  duplex: D2H %.3f ms (model 3.000), H2D %.3f ms (model 4.875)\n", t_d2h / 1e6,
+  printf("  duplex: D2H %.3f ms (model 12.000), H2D %.3f ms (model 19.500)\n", t_d2h / 1e6,
          t_h2d / 1e6);
-  CHECK(t_d2h >= 2900000 && t_d2h < 3000000 * 4 + 100000000);
-  CHECK(t_h2d >= 4750000 && t_h2d < 4875000 * 4 + 100000000);
+  CHECK(t_d2h >= 11640000 && t_d2h < 12000000 * 4 + 100000000);
+  CHECK(t_h2d >= 18900000 && t_h2d < 19500000 * 4 + 100000000);
   CHECK(t_h2d > t_d2h);
   CHECK(((unsigned char *)d1)[big - 1] == 1 && ((unsigned char *)h2)[small - 1] == 2);
   cap_backend_event_destroy(b, e1);
@@ -67,6 +72,7 @@ static void sim_duplex_exact(void) {
  * as long as one. */
 static void sim_serialised(void) {
   sim_config(1.0);
+  conf_cfg.sim_h2d_gbps = 8.0;
   cap_backend_t *b = NULL;
   REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
   size_t n = 8000000;
