@@ -18,6 +18,9 @@
 
 #include "daemon_internal.h"
 
+#define CAP__MIN_GBPS 0.01  /* 10 MB/s */
+#define CAP__MAX_GBPS 10000.0
+
 static void drain(cap__session_t *s);
 static void close_session(cap__session_t *s, const char *status);
 
@@ -239,6 +242,19 @@ static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
                       h->protocol_version, CAP_PROTO_VERSION);
     return;
   }
+  /* The frame decoder only asks for finite and positive; planning needs
+   * bandwidths a PCIe/NVLink link can have (a copy time must fit in int64
+   * nanoseconds). */
+  const double bws[3] = {h->h2d_gbps, h->d2h_gbps, h->duplex_gbps};
+  static const char *const bw_names[3] = {"h2d_gbps", "d2h_gbps",
+                                          "duplex_gbps"};
+  for (int i = 0; i < 3; i++)
+    if (!(bws[i] >= CAP__MIN_GBPS && bws[i] <= CAP__MAX_GBPS)) {
+      cap__session_fail(s, CAP_ERANGE,
+                        "hello: %s %g out of range (%g..%g GB/s)",
+                        bw_names[i], bws[i], CAP__MIN_GBPS, CAP__MAX_GBPS);
+      return;
+    }
   copy_str(s->job_name, sizeof s->job_name, h->job_name);
   copy_str(s->device_name, sizeof s->device_name, h->device_name);
   s->hello_pid = h->pid;
