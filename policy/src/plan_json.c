@@ -64,7 +64,7 @@ int cap_plan_write_json(FILE *f, const cap_plan_t *plan, const char *trace) {
         fputs(",\"sync_out\":true", f);
     } else {
       fputs(",\"method\":\"recompute\",\"recompute_ops\":[", f);
-      const uint32_t *ops = cap_action_recompute_ops(plan, a);
+      const uint32_t *ops = a->n_recompute ? cap_action_recompute_ops(plan, a) : NULL;
       for (uint32_t k = 0; k < a->n_recompute; k++)
         fprintf(f, "%s%" PRIu32, k ? "," : "", ops[k]);
       fputc(']', f);

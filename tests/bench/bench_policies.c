@@ -142,6 +142,7 @@ int main(int argc, char **argv) {
                cfg.budget_bytes / 1048576.0, ms,
                rc == CAP_EINFEASIBLE ? "  infeasible" : "");
         cap_plan_destroy(plan);
+        fflush(stdout);
       }
     }
     cap_sim_result_close(&base);
@@ -172,6 +173,7 @@ int main(int argc, char **argv) {
         snprintf(growth, sizeof growth, "n^%.2f", log(ms / prev) / log(2.0));
       printf("%-16s %8u %10.1f %8s%s\n", pols[pi], sizes[si], ms, growth,
              rc == 0 ? "" : rc == CAP_EINFEASIBLE ? "  infeasible" : cap_strerror(rc));
+      fflush(stdout);
       prev = ms;
       cap_plan_destroy(plan);
       cap_profile_destroy(p);

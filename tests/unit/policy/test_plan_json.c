@@ -24,7 +24,8 @@ static bool same_plan(const cap_plan_t *a, const cap_plan_t *b) {
         x->prefetch_access != y->prefetch_access ||
         x->n_recompute != y->n_recompute)
       return false;
-    if (memcmp(cap_action_recompute_ops(a, x), cap_action_recompute_ops(b, y),
+    if (x->n_recompute &&
+        memcmp(cap_action_recompute_ops(a, x), cap_action_recompute_ops(b, y),
                x->n_recompute * sizeof(uint32_t)))
       return false;
   }
