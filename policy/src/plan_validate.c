@@ -62,9 +62,12 @@ static int key_cmp(const void *a, const void *b) {
   return 0;
 }
 
+/* fresh[x] == gen: x is an output of an earlier op of the list being
+ * checked (one stamp per action, so no clearing between actions). */
 static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                            uint32_t ai, const cap_action_t *a, uint32_t evict_op,
-                           uint32_t back_op, char *err, size_t err_len) {
+                           uint32_t back_op, uint32_t *fresh, uint32_t gen,
+                           char *err, size_t err_len) {
   const cap_tensor_t *t = &p->tensors[a->tensor];
   if (a->n_recompute == 0)
     return fail(err, err_len, "action %u (tensor %u): empty recompute list", ai,
@@ -123,12 +126,9 @@ static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
    * unless an earlier op of the list produces that input afresh. */
   for (uint32_t i = 0; i < a->n_recompute; i++) {
     const cap_op_t *o = &p->ops[ops[i]];
-    const uint32_t *in = cap_op_inputs(p, o);
+    const uint32_t *in = cap_op_inputs(p, o), *out = cap_op_outputs(p, o);
     for (uint32_t j = 0; j < o->n_in; j++) {
-      bool fresh = false;
-      for (uint32_t e = 0; e < i && !fresh; e++)
-        fresh = op_lists_output(p, ops[e], in[j]);
-      if (fresh)
+      if (fresh[in[j]] == gen)
         continue;
       if (written_in_place(p, in[j], ops[i], back_op))
         return fail(err, err_len,
@@ -136,6 +136,8 @@ static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                     "which is modified in place before the back-access",
                     ai, a->tensor, ops[i], in[j]);
     }
+    for (uint32_t j = 0; j < o->n_out; j++)
+      fresh[out[j]] = gen;
   }
   return 0;
 }
@@ -151,10 +153,15 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
   if (plan->n_actions && !plan->actions)
     return fail(err, err_len, "plan has actions but no action array");
   key_t_ *keys = NULL;
+  uint32_t *fresh = NULL;
   if (plan->n_actions) {
     keys = malloc((size_t)plan->n_actions * sizeof *keys);
-    if (!keys)
+    fresh = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *fresh);
+    if (!keys || !fresh) {
+      free(keys);
+      free(fresh);
       return CAP_ENOMEM;
+    }
   }
   int rc = 0;
   for (uint32_t i = 0; i < plan->n_actions; i++) {
@@ -211,7 +218,8 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
         }
       }
     } else if (a->method == CAP_METHOD_RECOMPUTE) {
-      rc = check_recompute(plan, p, i, a, evict_op, back_op, err, err_len);
+      rc = check_recompute(plan, p, i, a, evict_op, back_op, fresh, i + 1, err,
+                           err_len);
       if (rc)
         goto out_free;
     } else {
@@ -235,5 +243,6 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
 
 out_free:
   free(keys);
+  free(fresh);
   return rc;
 }
