@@ -121,6 +121,9 @@ int main(int argc, char **argv) {
     for (size_t bi = 0; bi < sizeof pcts / sizeof *pcts; bi++) {
       cap_plan_config_t cfg;
       cap_plan_config_init(&cfg, cap_profile_budget_pct(p, pcts[bi]));
+      /* Capuchin against the best feasible baseline (issue 3's table). */
+      double cap_ovh = -1, best_ovh = -1;
+      const char *best_name = NULL;
       for (size_t pi = 0; cap_planner_names[pi]; pi++) {
         if (only && strcmp(only, cap_planner_names[pi]))
           continue;
@@ -136,6 +139,12 @@ int main(int argc, char **argv) {
         }
         double ovh = 100.0 * (double)(plan->predicted_iter_ns - base.iter_ns) /
                      (double)base.iter_ns;
+        if (rc == 0 && !strcmp(cap_planner_names[pi], "capuchin"))
+          cap_ovh = ovh;
+        else if (rc == 0 && (best_ovh < 0 || ovh < best_ovh)) {
+          best_ovh = ovh;
+          best_name = cap_planner_names[pi];
+        }
         printf("%-14s %-16s %4.0f %9.1f %9.0f %9.0f %9.2f%s\n", traces[ti],
                cap_planner_names[pi], pcts[bi], ovh,
                plan->predicted_peak_bytes / 1048576.0,
@@ -143,6 +152,21 @@ int main(int argc, char **argv) {
                rc == CAP_EINFEASIBLE ? "  infeasible" : "");
         cap_plan_destroy(plan);
         fflush(stdout);
+      }
+      if (!only) {
+        const char *verdict =
+            best_name == NULL  ? (cap_ovh >= 0 ? "ok (no baseline fits)" : "none fits")
+            : cap_ovh < 0      ? "CAPUCHIN INFEASIBLE"
+            : cap_ovh <= best_ovh + 0.5 ? "ok"
+                                        : "CAPUCHIN SLOWER";
+        char c[32] = "-", b[32] = "-";
+        if (cap_ovh >= 0)
+          snprintf(c, sizeof c, "%.1f %%", cap_ovh);
+        if (best_ovh >= 0)
+          snprintf(b, sizeof b, "%.1f %%", best_ovh);
+        printf("%-14s %-16s %4.0f  capuchin %s vs best baseline %s (%s): %s\n",
+               traces[ti], "=>", pcts[bi], c, b, best_name ? best_name : "-",
+               verdict);
       }
     }
     cap_sim_result_close(&base);
