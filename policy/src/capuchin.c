@@ -27,6 +27,7 @@
 #endif
 
 #define MAX_ROUNDS 12
+#define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -246,7 +247,10 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
     return 0;
   const cap__gap_t *g = &o->g;
   cap__swap_eval_t ev;
-  if (cap__ft_eval(c, g, true, &ev)) {
+  /* a hidden swap is free, but only worth it if what it frees is still
+   * over the target (a swap-out queued behind others may free too late) */
+  if (cap__ft_eval(c, g, true, &ev) &&
+      cap__memtree_max(&c->mem, ev.save_lo, ev.save_hi) > target) {
     *o = (opt_t){*g, true, true, ev, 0, 0, ev.save_lo, ev.save_hi};
     return 0;
   }
@@ -258,7 +262,8 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
    * is cheaper anyway */
   bool have_swap = false;
   if (rc != 0 || cost > cap_copy_ns(c->p->tensors[g->tensor].bytes, c->h2d_gbps))
-    have_swap = cap__ft_eval(c, g, false, &ev);
+    have_swap = cap__ft_eval(c, g, false, &ev) &&
+                cap__memtree_max(&c->mem, ev.save_lo, ev.save_hi) > target;
   /* A replay's temporaries must not make its back-access a new peak, nor
    * may the tensors it brings back early (nested restores) go over. */
   if (rc == 0 && extra > 0 &&
@@ -320,6 +325,12 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
   while (h.n && cap__memtree_max_all(&c->mem) > target) {
     heap_ent_t e = heap_pop(&h);
     const cap__gap_t *g = &c->gaps[e.gi];
+#ifdef CAP_PLAN_DEBUG
+    if (getenv("CAP_DBG_T") && g->tensor == (uint32_t)atoi(getenv("CAP_DBG_T"))) {
+      opt_t o2; eval_gap(c, e.gi, target, &o2);
+      fprintf(stderr, "pop T%u key %g range max %lld target %lld ok %d swap %d cost %lld lo %u hi %u rmax %lld\n", g->tensor, e.key, (long long)cap__memtree_max(&c->mem, g->a + 1, g->b), (long long)target, o2.ok, o2.swap, (long long)o2.cost, o2.lo, o2.hi, (long long)cap__memtree_max(&c->mem, o2.lo, o2.hi));
+    }
+#endif
     if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
       continue;
     opt_t o;
@@ -470,7 +481,7 @@ static void debug_peak(cap__ctx_t *c, int64_t target) {
     cap__gap_t eg; bool ok = eff_gap(c, gi, &eg);
     cap__swap_eval_t ev; bool h = ok && cap__ft_eval(c, &eg, true, &ev); bool e = ok && cap__ft_eval(c, &eg, false, &ev);
     int64_t co = 0, ex = 0; int r2 = ok ? cap__rc_build(c, &eg, &co, &ex) : 1;
-    if (0) fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
+    if (c->gap_state[p->tensors[g->tensor].access_off + g->k - 1] == 0) fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
   }
 }
 #endif
@@ -482,6 +493,8 @@ typedef struct variant {
   bool push_back;    /* a D2H copy may push later-issued ones back */
   double aim;        /* first target as a fraction of the budget */
   bool weigh_cover;  /* rank by MSPS x share of the over-budget region */
+  bool loose_push;   /* pushed-back swap-outs may fill up to the peak */
+  bool no_fetch;     /* replays may not fetch swapped-out sources */
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -503,6 +516,8 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     return rc;
   c.push_back = v->push_back;
   c.weigh_cover = v->weigh_cover;
+  c.loose_push = v->loose_push;
+  c.no_fetch = v->no_fetch;
   cap_plan_t *best = NULL, *plan = NULL;
   ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
   if (!order) {
@@ -622,12 +637,14 @@ out_close:
  * planner runs a small fixed portfolio and keeps the plan the simulator
  * rates best: feasible first, then the shortest iteration. */
 static const variant_t variants[] = {
-    {true, true, 1.0, false},   /* Capuchin: hidden swaps by FT, then MSPS */
-    {true, true, 1.0, true},    /* ... MSPS weighted by coverage */
-    {true, false, 1.0, true},   /* no pushing back of queued swap-outs */
-    {false, true, 1.0, true},   /* one ranking for swaps and recomputes */
-    {true, true, 0.97, true},   /* aim a little under the budget */
-    {false, false, 0.97, false},
+    {true, true, 1.0, false, true, false},   /* Capuchin: hidden swaps by FT, then MSPS */
+    {true, true, 1.0, true, true, false},    /* ... MSPS weighted by coverage */
+    {true, false, 1.0, true, true, false},   /* no pushing back of queued swap-outs */
+    {false, true, 1.0, true, true, false},   /* one ranking for swaps and recomputes */
+    {true, true, 0.97, true, true, false},   /* aim a little under the budget */
+    {false, false, 0.97, false, true, false},
+    {true, true, 1.0, true, false, false},   /* push back only within the target */
+    {false, true, 1.0, false, false, false},
 };
 
 /* No plan can go below this: every op needs its own inputs and outputs on
@@ -663,10 +680,24 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
   size_t n_variants = sizeof variants / sizeof variants[0];
+  /* Each run is linear-ish in the profile; very long profiles get fewer
+   * runs so that planning stays within seconds (at least the first two,
+   * the paper's order and its coverage-weighted form). */
+  if (p->n_ops > PORTFOLIO_FULL_OPS) {
+    size_t k = (size_t)((uint64_t)n_variants * PORTFOLIO_FULL_OPS / p->n_ops);
+    n_variants = k < 2 ? 2 : k;
+  }
   if (peak_floor(p, cfg) > cfg->budget_bytes)
     n_variants = 1;
   cap_plan_t *best = NULL;
-  int rc = 0;
+  /* the unmanaged iteration: no plan runs faster */
+  cap_sim_result_t base;
+  memset(&base, 0, sizeof base);
+  int rc = cap_sim_run(p, NULL, &cfg->bw, &base);
+  if (rc)
+    return rc;
+  int64_t free_iter = base.iter_ns;
+  cap_sim_result_close(&base);
   for (size_t i = 0; i < n_variants; i++) {
     cap_plan_t *plan = NULL;
     rc = run_variant(p, cfg, &variants[i], &plan);
@@ -678,8 +709,9 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     } else {
       cap_plan_destroy(plan);
     }
-    /* nothing to do: the unmanaged iteration fits */
-    if (best->n_actions == 0 && best->predicted_peak_bytes <= cfg->budget_bytes)
+    /* a fitting plan that costs nothing cannot be beaten */
+    if (best->predicted_peak_bytes <= cfg->budget_bytes &&
+        best->predicted_iter_ns <= free_iter)
       break;
   }
   if (rc) {

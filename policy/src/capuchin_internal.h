@@ -125,6 +125,8 @@ typedef struct cap__ctx {
   uint32_t *d2h_head; /* per op: first choice whose D2H is issued there */
   int64_t target;     /* bytes the estimate must stay within this round */
   bool push_back;     /* a new D2H copy may delay copies issued later */
+  bool loose_push;    /* ... up to the current peak, not just the target */
+  bool no_fetch;      /* replays may not fetch swapped-out sources */
   bool weigh_cover;   /* rank by MSPS x share of the over-target region */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
   /* per tensor: back-access ops at which a chosen recompute list reads or

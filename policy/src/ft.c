@@ -119,6 +119,13 @@ int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g) {
 
 #define CASCADE_MAX 32 /* later D2H keys a new copy may push back */
 
+/* How high a pushed-back swap-out may leave memory: the target, or with
+ * loose push-back the current peak (never a new peak). */
+static int64_t push_limit(const cap__ctx_t *c) {
+  int64_t m = cap__memtree_max_all(&c->mem);
+  return c->loose_push && m > c->target ? m : c->target;
+}
+
 /* Slot on the D2H queue for a copy of len ns issued at the end of op a:
  * after every copy issued at or before a. Copies issued later are pushed
  * back (FIFO); that is refused when it would make one of them end after
@@ -147,7 +154,7 @@ static bool d2h_slot(const cap__ctx_t *c, uint32_t a, int64_t len,
       if (lo > ch->save_lo &&
           cap__memtree_max(&c->mem, ch->save_lo, lo) +
                   (int64_t)c->p->tensors[c->gaps[ch->gap].tensor].bytes >
-              (cap__memtree_max_all(&c->mem) > c->target ? cap__memtree_max_all(&c->mem) : c->target))
+              push_limit(c))
         return false; /* would make a new peak */
     }
     e = c->d2h.last_end[k] + delta;

@@ -130,6 +130,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
           if (yc->trig_op != CAP_NONE && yc->save_hi <= b &&
               yc->in_end <= c->op_start[b])
             continue;
+          if (c->no_fetch)
+            FAIL("swapped source, no on-demand fetch");
           /* an H2D copy issued before its D2H has ended would block the
            * whole H2D queue behind it */
           if (yc->out_end > c->op_start[b])
