@@ -391,6 +391,11 @@ static void rep_iter_end(rep_t *r, const cap__rec_t *a, const cap__rec_t *b) {
   ie.iteration = a->a;
   ie.has_iter_ns = 1;
   ie.iter_ns = a->u.op.t0 < 0 ? 0 : a->u.op.t0;
+  /* A measured iteration becomes the profile: its ops were recorded on the
+   * framework's timeline (the client's own passive-mode stalls taken out),
+   * and so is its length. stall_ns still says what was taken out. */
+  if ((a->b & 0x100u) && a->u.op.t1 > 0 && a->u.op.t1 < ie.iter_ns)
+    ie.iter_ns -= a->u.op.t1;
   ie.has_peak_bytes = 1;
   ie.peak_bytes = a->u.op.u64;
   ie.has_bytes_out = 1;
