@@ -176,7 +176,7 @@ static void run_ingest(uint32_t n_clients, uint64_t target) {
   daemon_finish(&r, &st);
   double s = (double)(t1 - t0) / 1e9;
   uint64_t total = (uint64_t)per * n_clients * accesses_per_iter;
-  printf("| ingest, %2u client%s | %9.2f M/s | %10llu accesses in %.2f s "
+  printf("| ingest, %2u client%s    | %9.2f M/s | %10llu accesses in %.2f s "
          "(daemon counted %llu) | worst loop stall %.2f ms | %u/%u clients "
          "ok |\n",
          n_clients, n_clients == 1 ? " " : "s", (double)total / s / 1e6,
