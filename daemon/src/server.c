@@ -434,6 +434,10 @@ static void reload(cap_daemon_t *d) {
     d->cfg.bw_tolerance = n.bw_tolerance;
     memcpy(d->cfg.log_file, n.log_file, sizeof n.log_file);
     cap__log_set_level(n.log_level);
+    /* Reopen before saying anything, so the news lands in the new file. */
+    if (cap__log_open(d->cfg.log_file) != 0)
+      cap__log(CAP_LOG_ERROR, "SIGHUP: cannot open log file %s: %s",
+               d->cfg.log_file, strerror(errno));
     cap__log(CAP_LOG_INFO,
              "SIGHUP: config reloaded (%" PRIu32 " allowed uids, %" PRIu32
              " allowed gids, gpu-memory %" PRIu64 ", log level %d)",
@@ -444,7 +448,7 @@ static void reload(cap_daemon_t *d) {
         if (s->state == CAP__S_ACTIVE)
           cap__daemon_rebalance(d, s);
   }
-  if (cap__log_open(d->cfg.log_file) != 0)
+  if (rc != 0 && cap__log_open(d->cfg.log_file) != 0) /* reopen anyway */
     cap__log(CAP_LOG_ERROR, "SIGHUP: cannot open log file %s: %s",
              d->cfg.log_file, strerror(errno));
   cap__notify("READY=1");
