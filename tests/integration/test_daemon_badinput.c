@@ -125,6 +125,35 @@ static void test_out_of_order(void) {
   tc_close(&c);
 }
 
+static void test_hello_out_of_range(void) {
+  /* Finite and positive, so the frame is valid; no link is this slow. */
+  tc_t c;
+  REQUIRE(tc_connect(&c, D.sock) == 0);
+  Capuchin__Hello h = CAPUCHIN__HELLO__INIT;
+  h.has_protocol_version = h.has_pid = h.has_device_index = 1;
+  h.has_device_total_bytes = h.has_budget_bytes = 1;
+  h.has_h2d_gbps = h.has_d2h_gbps = h.has_duplex_gbps = 1;
+  h.protocol_version = CAP_PROTO_VERSION;
+  h.job_name = "slow-link";
+  h.pid = 1;
+  h.device_name = "sim";
+  h.device_total_bytes = 1ull << 34;
+  h.budget_bytes = 1ull << 33;
+  h.h2d_gbps = 1e-300;
+  h.d2h_gbps = h.duplex_gbps = 50;
+  h.backend = "sim";
+  tc_send_msg(&c, &h);
+  expect_error(&c, CAP_ERANGE, "h2d_gbps", "bandwidth 1e-300");
+  tc_close(&c);
+
+  REQUIRE(tc_connect(&c, D.sock) == 0);
+  h.h2d_gbps = 50;
+  h.protocol_version = 99;
+  tc_send_msg(&c, &h);
+  expect_error(&c, CAP_EVERSION, "protocol version 99", "protocol version");
+  tc_close(&c);
+}
+
 static void test_ids_out_of_range(void) {
   tc_t c;
   REQUIRE(tc_connect(&c, D.sock) == 0);
@@ -242,6 +271,7 @@ int main(void) {
 
   RUN_TEST(test_bad_frames);
   RUN_TEST(test_out_of_order);
+  RUN_TEST(test_hello_out_of_range);
   RUN_TEST(test_ids_out_of_range);
   RUN_TEST(test_access_quota);
 
