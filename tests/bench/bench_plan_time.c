@@ -21,8 +21,14 @@
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
-#include "cap_test.h"
 #include "synth_profile.h"
+
+/* Path of a file under tests/data/ (the source tree's, as the tests use). */
+static const char *data_path(const char *rel) {
+  static char buf[4096];
+  snprintf(buf, sizeof buf, "%s/tests/data/%s", CAP_SOURCE_DIR, rel);
+  return buf;
+}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -73,7 +79,7 @@ static void print_table(void) {
     char rel[128], err[256];
     snprintf(rel, sizeof rel, "traces/%s.trace", traces[i]);
     cap_profile_t *p = NULL;
-    if (cap_trace_load(cap_test_data(rel), &p, err, sizeof err)) {
+    if (cap_trace_load(data_path(rel), &p, err, sizeof err)) {
       printf("%s: %s\n", traces[i], err);
       continue;
     }
@@ -124,7 +130,7 @@ int main(int argc, char **argv) {
   int runs = quick ? 1 : 5;
   char err[256];
   cap_profile_t *p = NULL;
-  int rc = cap_trace_load(cap_test_data("traces/bert_large.trace"), &p, err,
+  int rc = cap_trace_load(data_path("traces/bert_large.trace"), &p, err,
                           sizeof err);
   if (rc) {
     fprintf(stderr, "%s\n", err);
