@@ -354,8 +354,10 @@ int cap_client_iteration_begin(cap_client_t *c) {
   cap_plan_t *plan = NULL;
   uint64_t budget = 0;
   bool lost;
+  uint32_t plan_session;
   pthread_mutex_lock(&c->mu);
   plan = c->pending_plan;
+  plan_session = c->pending_session;
   c->pending_plan = NULL;
   budget = c->pending_budget;
   c->pending_budget = 0;
@@ -376,6 +378,7 @@ int cap_client_iteration_begin(cap_client_t *c) {
         budget = pb;
       pthread_mutex_lock(&c->mu);
       c->ack_version = v;
+      c->ack_session = plan_session;
       pthread_mutex_unlock(&c->mu);
     }
   }
@@ -572,6 +575,7 @@ int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan) {
   pthread_mutex_lock(&c->mu);
   cap_plan_destroy(c->pending_plan);
   c->pending_plan = p;
+  c->pending_session = 0; /* not from a daemon: never acknowledged */
   if (p->version > c->received_version)
     c->received_version = p->version;
   pthread_cond_broadcast(&c->cv);

@@ -269,6 +269,11 @@ struct cap_client {
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
   uint32_t ack_version;        /* plan version to acknowledge, 0 none */
+  uint32_t ack_session;        /* session that sent it (a plan is acked
+                                  only to the session it came from) */
+  uint32_t pending_session;    /* session pending_plan came from (0: none,
+                                  loaded with cap_client_load_plan) */
+  uint32_t session;            /* sessions welcomed so far (reporter) */
   bool session_lost;           /* connection dropped since last begin */
   int wake_fd[2];              /* owner -> reporter wake pipe */
   struct rep *rep;             /* reporter state (reporter.c) */

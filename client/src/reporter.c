@@ -165,6 +165,7 @@ static void rep_disconnect(rep_t *r, const char *why) {
   }
   r->welcomed = false;
   r->in_measured = false;
+  r->acked = 0;
   r->out_len = r->out_off = 0;
   cap_frame_decoder_destroy(r->dec);
   r->dec = NULL;
@@ -277,6 +278,7 @@ static void rep_handle(rep_t *r, Capuchin__Envelope *env) {
     if (r->connects++ > 0)
       atomic_fetch_add(&c->ctr.reconnects, 1);
     pthread_mutex_lock(&c->mu);
+    c->session++;
     if (env->welcome->has_budget_bytes && env->welcome->budget_bytes)
       c->pending_budget = env->welcome->budget_bytes;
     atomic_store(&c->ctr.connected, true);
@@ -296,6 +298,7 @@ static void rep_handle(rep_t *r, Capuchin__Envelope *env) {
     pthread_mutex_lock(&c->mu);
     cap_plan_destroy(c->pending_plan);
     c->pending_plan = plan;
+    c->pending_session = c->session;
     if (plan->version > c->received_version)
       c->received_version = plan->version;
     pthread_cond_broadcast(&c->cv);
@@ -529,7 +532,7 @@ static void *rep_main(void *arg) {
     if (r->fd >= 0 && r->welcomed) {
       uint32_t ack;
       pthread_mutex_lock(&c->mu);
-      ack = c->ack_version;
+      ack = c->ack_session == c->session ? c->ack_version : 0;
       pthread_mutex_unlock(&c->mu);
       if (ack && ack != r->acked) {
         Capuchin__PlanAck pa = CAPUCHIN__PLAN_ACK__INIT;
