@@ -140,6 +140,11 @@ int main(int argc, char **argv) {
   printf("capuchin plan time, bert_large at 50%%: %.1f ms (%s; target < 200 "
          "ms)\n",
          ms, rc == 0 ? "fits" : cap_err_name(rc));
+  /* 50 % is below what bert_large's optimizer step needs on the device at
+   * once (every gradient), so no planner fits it; 80 % does fit. */
+  ms = time_plan(p, "capuchin", 80, runs, &rc, NULL);
+  printf("capuchin plan time, bert_large at 80%%: %.1f ms (%s)\n", ms,
+         rc == 0 ? "fits" : cap_err_name(rc));
   cap_profile_destroy(p);
 
   static const uint32_t sizes[] = {10000, 25000, 50000, 100000};
