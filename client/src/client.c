@@ -421,6 +421,34 @@ int cap_client_iteration_begin(cap_client_t *c) {
   return 0;
 }
 
+/* The model signature (cap_profile_signature) of the iteration in
+ * log_last, as the daemon computes it from the same records, so that a
+ * reconnecting job is recognised and gets its stored plan at once. */
+static void update_signature(cap_client_t *c) {
+  const cap__oplog_t *l = &c->log_last;
+  if (l->n_ops == 0 || l->n_ops == c->sig_ops)
+    return;
+  cap_profile_t *p = cap_profile_create();
+  if (!p)
+    return;
+  int rc = 0;
+  for (uint32_t i = 0; i < c->n_tensors && rc == 0; i++)
+    rc = cap_profile_add_tensor(p, i, c->tensors[i].bytes,
+                                (cap_tensor_kind_t)c->tensors[i].kind);
+  for (uint32_t i = 0; i < l->n_ops && rc == 0; i++) {
+    const cap__oplog_op_t *op = &l->ops[i];
+    rc = cap_profile_add_op(p, i, 0, 0, op->name, l->ids + op->off, op->n_in,
+                            l->ids + op->off + op->n_in, op->n_out);
+  }
+  if (rc == 0)
+    rc = cap_profile_finish(p);
+  if (rc == 0) {
+    atomic_store(&c->signature, cap_profile_signature(p));
+    c->sig_ops = l->n_ops;
+  }
+  cap_profile_destroy(p);
+}
+
 int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
   if (!c)
     return CAP_EINVAL;
@@ -448,6 +476,8 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
         cap__x_install(c, p);
     }
     c->log_last_valid = true;
+    if (c->mode == CAP_MODE_MEASURED)
+      update_signature(c);
   }
   /* Hand the stats and the feedback to the reporter. */
   pthread_mutex_lock(&c->mu);

@@ -244,6 +244,9 @@ struct cap_client {
   bool log_last_valid;
   bool log_failed;             /* log_cur incomplete (out of memory) */
   uint32_t iter_op_errors;     /* op begins that failed this iteration */
+  uint32_t sig_ops;            /* op count the signature was computed for */
+  _Atomic uint64_t signature;  /* model signature of the last complete
+                                  iteration (Hello, profile reuse), 0 none */
 
   /* Plan. */
   cap__xplan_t x;              /* installed plan (x.plan NULL: none) */

@@ -258,6 +258,11 @@ static void rep_try_connect(rep_t *r) {
   h.d2h_gbps = c->d2h_gbps > 0 ? c->d2h_gbps : 1;
   h.duplex_gbps = c->duplex_gbps > 0 ? c->duplex_gbps : 1;
   h.backend = c->backend;
+  uint64_t sig = atomic_load(&c->signature);
+  if (sig) {
+    h.has_model_signature = 1;
+    h.model_signature = sig;
+  }
   h.has_persistent_bytes = 1;
   h.persistent_bytes = atomic_load(&c->ctr.persistent_bytes);
   if (rep_queue_msg(r, &h) < 0) {

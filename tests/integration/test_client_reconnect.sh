@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The daemon killed (SIGKILL) mid-replay: the replay finishes every iteration
 # with its last plan and zero integrity mismatches, and reconnects when the
-# daemon is back (on the same socket and database).
+# daemon is back (on the same socket and database), where its model signature
+# gets it the stored plan without measuring again.
 set -uo pipefail
 bin=${CAP_BIN_DIR:?}
 src=${CAP_SOURCE_DIR:?}
@@ -60,5 +61,8 @@ check "zero integrity mismatches" $?
 last_mode=$(awk '$1 ~ /^[0-9]+$/ { m = $2 } END { print m }' "$tmp/out")
 [ "$last_mode" = guided ]; check "last iteration guided ($last_mode)" $?
 grep -qE '[1-9][0-9]* reconnects' "$tmp/err"; check "reconnected to the restarted daemon" $?
+# The Hello after the restart carries the model signature: the daemon
+# recognises the job and hands back its stored plan without a measurement.
+grep -q 'stored plan reused' "$tmp/d.log"; check "restarted daemon reused the stored plan" $?
 [ $fail -eq 0 ] || tail -n 30 "$tmp/d.log"
 exit $fail
