@@ -22,9 +22,6 @@
 
 #include "capuchin/error.h"
 #include "capuchin_internal.h"
-#ifdef CAP_PLAN_DEBUG
-#include <stdio.h>
-#endif
 
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
@@ -86,9 +83,6 @@ static int take_recompute(cap__ctx_t *c, uint32_t gi, const cap__gap_t *g,
                       .save_hi = g->b,
                       .extra_bytes = extra,
                       .cost_ns = cost};
-#ifdef CAP_PLAN_DEBUG
-  if (getenv("CAP_DBG_RC")) fprintf(stderr, "rc T%u k%u a%u b%u bytes %llu cost %lld extra %lld nops %u last %s\n", g->tensor, g->k, g->a, g->b, (unsigned long long)c->p->tensors[g->tensor].bytes, (long long)cost, (long long)extra, c->list.n, c->p->ops[c->list.v[c->list.n-1]].name);
-#endif
   int rc = push_choice(c, &ch);
   if (rc)
     return rc;
@@ -325,12 +319,6 @@ static int phase_rank(cap__ctx_t *c, int64_t target) {
   while (h.n && cap__memtree_max_all(&c->mem) > target) {
     heap_ent_t e = heap_pop(&h);
     const cap__gap_t *g = &c->gaps[e.gi];
-#ifdef CAP_PLAN_DEBUG
-    if (getenv("CAP_DBG_T") && g->tensor == (uint32_t)atoi(getenv("CAP_DBG_T"))) {
-      opt_t o2; eval_gap(c, e.gi, target, &o2);
-      fprintf(stderr, "pop T%u key %g range max %lld target %lld ok %d swap %d cost %lld lo %u hi %u rmax %lld\n", g->tensor, e.key, (long long)cap__memtree_max(&c->mem, g->a + 1, g->b), (long long)target, o2.ok, o2.swap, (long long)o2.cost, o2.lo, o2.hi, (long long)cap__memtree_max(&c->mem, o2.lo, o2.hi));
-    }
-#endif
     if (cap__memtree_max(&c->mem, g->a + 1, g->b) <= target)
       continue;
     opt_t o;
@@ -451,40 +439,6 @@ static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return 0;
 }
 
-#ifdef CAP_PLAN_DEBUG
-static void debug_live(cap__ctx_t *c, uint32_t pk) {
-  const cap_profile_t *p = c->p;
-  int64_t tot = (int64_t)p->persistent_bytes;
-  for (uint32_t x = 0; x < p->n_tensors; x++) {
-    const cap_tensor_t *t = &p->tensors[x];
-    if (!t->n_accesses || cap_tensor_is_resident(t) || p->access_ops[t->access_off] > pk || c->live_end[x] <= pk) continue;
-    const char *st = "live";
-    for (uint32_t i = 0; i < c->n_ch; i++) { const cap__choice_t *ch = &c->ch[i]; if (c->gaps[ch->gap].tensor != x || ch->pruned) continue;
-      if (ch->save_lo <= pk && pk < ch->save_hi) st = "evicted"; else if (c->gaps[ch->gap].a < pk && pk < c->gaps[ch->gap].b) { fprintf(stderr, "   T%u chosen m%d gap %u-%u save %u-%u\n", x, ch->method, c->gaps[ch->gap].a, c->gaps[ch->gap].b, ch->save_lo, ch->save_hi); } }
-    if (strcmp(st, "live") == 0) tot += (int64_t)t->bytes;
-    if (t->bytes > 5000000) fprintf(stderr, "   T%u %.1fMB %s\n", x, t->bytes / 1e6, st);
-  }
-  fprintf(stderr, "   live total %lld\n", (long long)tot);
-}
-
-static void debug_peak(cap__ctx_t *c, int64_t target) {
-  if (!getenv("CAP_DBG_PEAK") || cap__memtree_max_all(&c->mem) <= target)
-    return;
-  const cap_profile_t *p = c->p;
-  uint32_t pk = 0; int64_t pm = INT64_MIN;
-  for (uint32_t i = 0; i < c->n_ops; i++) { int64_t m = cap__memtree_max(&c->mem, i, i + 1); if (m > pm) { pm = m; pk = i; } }
-  fprintf(stderr, " peak op %u %s mem %lld\n", pk, p->ops[pk].name, (long long)pm);
-  debug_live(c, pk);
-  for (uint32_t gi = 0; gi < c->n_gaps; gi++) {
-    const cap__gap_t *g = &c->gaps[gi];
-    if (g->a >= pk || g->b <= pk || p->tensors[g->tensor].bytes < 1000000) continue;
-    cap__gap_t eg; bool ok = eff_gap(c, gi, &eg);
-    cap__swap_eval_t ev; bool h = ok && cap__ft_eval(c, &eg, true, &ev); bool e = ok && cap__ft_eval(c, &eg, false, &ev);
-    int64_t co = 0, ex = 0; int r2 = ok ? cap__rc_build(c, &eg, &co, &ex) : 1;
-    if (c->gap_state[p->tensors[g->tensor].access_off + g->k - 1] == 0) fprintf(stderr, "  T%u k%u a%u b%u effb %u bytes %llu state %d hidden %d exposed %d stall %lld rc %d cost %lld extra %lld\n", g->tensor, g->k, g->a, g->b, eg.b, (unsigned long long)p->tensors[g->tensor].bytes, c->gap_state[p->tensors[g->tensor].access_off + g->k - 1], h, e, (long long)ev.stall_ns, r2, (long long)co, (long long)ex);
-  }
-}
-#endif
 
 /* One run of the algorithm with one set of choices; the planner runs a
  * few (see below) and keeps the best simulated plan. */
@@ -557,9 +511,6 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
       if (c.n_ch == n0)
         break;
     }
-#ifdef CAP_PLAN_DEBUG
-    debug_peak(&c, target);
-#endif
     if (round > 0 && c.n_ch == before)
       break; /* nothing more to evict: the smallest peak is reached */
     rc = build_plan(&c, &plan);
@@ -568,9 +519,6 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = simulate(p, cfg, plan);
     if (rc)
       goto out_free;
-#ifdef CAP_PLAN_DEBUG
-    fprintf(stderr, "round %d: target %lld est %lld sim peak %llu iter %lld choices %u\n", round, (long long)target, (long long)cap__memtree_max_all(&c.mem), (unsigned long long)plan->predicted_peak_bytes, (long long)plan->predicted_iter_ns, c.n_ch);
-#endif
     if (better(plan, best, cfg->budget_bytes)) {
       cap_plan_destroy(best);
       best = plan;

@@ -27,12 +27,8 @@
 #include "capuchin_internal.h"
 
 #define RC_MAX_OPS 64u /* longest list considered */
-#ifdef CAP_PLAN_DEBUG
-#include <stdio.h>
-#define FAIL(why) do { if (getenv("CAP_DBG_WHY")) fprintf(stderr, "rc_build T%u: %s (line %d)\n", T, why, __LINE__); return CAP_ENOENT; } while (0)
-#else
+/* FAIL(why): the list cannot be built; `why` documents the rule. */
 #define FAIL(why) return CAP_ENOENT
-#endif
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -54,7 +50,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
   const cap_profile_t *p = c->p;
   uint32_t T = g->tensor, b = g->b;
   if (p->tensors[T].producer_op == CAP_NONE)
-    FAIL("x");
+    FAIL("no lineage");
   int64_t fetch_ns = 0;
   uint32_t gen = ++c->gen;
   if (gen == 0) { /* wrapped: reset marks */
@@ -75,7 +71,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     uint32_t v = c->stack_ver.v[--c->stack_ver.n];
     uint32_t prod = p->tensors[x].producer_op;
     if (prod == CAP_NONE || prod >= b)
-      FAIL("x");
+      FAIL("no lineage before the back-access");
     const uint32_t *mods = c->mods + c->mod_off[x];
     for (uint32_t s = 0; s <= v; s++) {
       uint32_t o = s == 0 ? prod : mods[s - 1];
@@ -83,7 +79,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
         continue;
       c->opmark[o] = gen;
       if (c->list.n >= RC_MAX_OPS)
-        FAIL("x");
+        FAIL("list too long");
       if (cap__u32vec_push(&c->list, o))
         return CAP_ENOMEM;
       const cap_op_t *op = &p->ops[o];
@@ -95,12 +91,12 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
         uint32_t need = cap__version_before(c, y, o);
         if (c->mark[y] == gen) {
           if (c->mark_ver[y] != need)
-            FAIL("x"); /* needed at two versions */
+            FAIL("needed at two versions");
           continue;
         }
         if (cap__resident_at(c, y, b)) {
           if (cap__written_between(c, y, o, b))
-            FAIL("x");
+            FAIL("source written in place since");
           if (cap__u32vec_push(&c->touched, y))
             return CAP_ENOMEM;
           continue;
@@ -147,7 +143,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
           continue;
         }
         if (evicted_at(c, y, b) || p->tensors[y].producer_op == CAP_NONE)
-          FAIL("x");
+          FAIL("source has no lineage");
         /* freed before the back-access: restore it in the list too */
         c->mark[y] = gen;
         c->mark_ver[y] = need;
