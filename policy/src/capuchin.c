@@ -5,16 +5,26 @@
  *  1. Swaps, in order of largest free time, while they can be hidden: each
  *     is booked on the copy engines (FIFO, duplex-limited rates), so a swap
  *     chosen later sees the engines busy with the earlier ones, and gets the
- *     latest in-trigger that still brings it back in time.
+ *     latest in-trigger that still brings it back in time without landing
+ *     inside the over-budget region.
  *  2. What is still over the target is covered by the cheaper of recompute
  *     (ranked by MSPS, re-evaluated lazily as choices change the lineage
  *     sources: the iterative update) and exposed swap time.
  *  Only candidates whose freed range still covers an op over the target are
- *  taken, so the over-budget region drives every choice. The op-space
- *  estimate (capuchin_internal.h) is updated incrementally; the simulator
- *  then checks the plan, and where it disagrees (stalls moving copies,
- *  temporaries of replays) the target is lowered by the difference for the
- *  next round.
+ *  taken, so the over-budget region drives every choice; passes repeat
+ *  while they add choices. The op-space estimate (capuchin_internal.h) is
+ *  updated incrementally; the simulator then checks the plan, and where it
+ *  disagrees the target is lowered by the difference for the next round.
+ *  A fitting plan is then pruned: costly choices it turns out not to need
+ *  are undone and the result simulated again.
+ *
+ * Improvements over the paper's single greedy pass, all judged by the same
+ * simulator: a small portfolio of orders (paper order, MSPS weighted by how
+ * much of the over-budget region a choice covers, one ranking for swaps and
+ * recomputes, aiming a little under the budget, stricter or looser pushing
+ * back of queued swap-outs) whose best simulated plan wins; several
+ * evictions per tensor (every access gap is a candidate); nested restores
+ * (a replay may use a source the plan drops or swaps, and brings it back).
  */
 #include <math.h>
 #include <stdlib.h>
