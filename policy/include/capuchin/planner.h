@@ -16,9 +16,13 @@ typedef struct cap_plan_config {
   uint64_t budget_bytes;
   cap_bandwidth_t bw;
   bool evict_persistent;     /* may param/input tensors be evicted too */
-  int64_t trigger_margin_ns; /* in-trigger safety margin (Capuchin) */
-  int64_t feedback_step_ns;  /* how far cap_plan_refine moves a late trigger
-                                beyond its measured stall */
+  /* Capuchin plans each prefetch to land at least this long before its
+   * back-access starts (profile timeline), so that timing noise does not
+   * turn a just-in-time copy into a stall; larger holds memory longer. */
+  int64_t trigger_margin_ns;
+  /* cap_plan_refine moves a late prefetch's in-trigger to an access of
+   * another tensor at least (measured stall + this) earlier. */
+  int64_t feedback_step_ns;
 } cap_plan_config_t;
 
 /* Defaults: H100 bandwidths, no persistent eviction, margins as tuned. */
