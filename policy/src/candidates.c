@@ -308,7 +308,7 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
       continue;
     const uint32_t *out = cap_op_outputs(p, op);
     for (uint32_t j = 0; j < op->n_out; j++)
-      if (p->tensors[out[j]].producer_op != o)
+      if (p->tensors[out[j]].producer_op != o || (op->flags & CAP_OP_INPLACE))
         c->mod_off[out[j] + 1]++;
   }
   for (uint32_t x = 0; x < nt; x++)
@@ -334,7 +334,7 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
         continue;
       const uint32_t *out = cap_op_outputs(p, op);
       for (uint32_t j = 0; j < op->n_out; j++)
-        if (p->tensors[out[j]].producer_op != o)
+        if (p->tensors[out[j]].producer_op != o || (op->flags & CAP_OP_INPLACE))
           c->mods[w[out[j]]++] = o;
     }
     free(w);

@@ -112,7 +112,8 @@ typedef struct cap__ctx {
   int64_t *base_mem;  /* per op: unmanaged device bytes at its start */
   int64_t *born;      /* per op: bytes first allocated at its start */
   /* per tensor: ops that write it after its producer (in-place or out=),
-   * ascending: mods[mod_off[t] .. mod_off[t+1]) */
+   * and its producer too when that op is in place, ascending:
+   * mods[mod_off[t] .. mod_off[t+1]) */
   uint32_t *mod_off, *mods;
   uint8_t *gap_state; /* per access slot (access_off + k - 1): GAP_* */
   uint32_t *slot_choice; /* per access slot: index into ch, when chosen */

@@ -49,6 +49,10 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
                   int64_t *extra_bytes) {
   const cap_profile_t *p = c->p;
   uint32_t T = g->tensor, b = g->b;
+  /* g may end early (a list running inside the gap reads T and restores it
+   * there); the plan still names the real back-access, and every input must
+   * keep its value until then (cap_plan_validate) */
+  uint32_t b_real = p->access_ops[p->tensors[T].access_off + g->k];
   if (p->tensors[T].producer_op == CAP_NONE)
     FAIL("no lineage");
   int64_t fetch_ns = 0;
@@ -73,6 +77,10 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     if (prod == CAP_NONE || prod >= b)
       FAIL("no lineage before the back-access");
     const uint32_t *mods = c->mods + c->mod_off[x];
+    /* a tensor first written in place (its producer also reads it) has no
+     * value to rebuild from */
+    if (c->mod_off[x + 1] > c->mod_off[x] && mods[0] == prod)
+      FAIL("produced in place");
     for (uint32_t s = 0; s <= v; s++) {
       uint32_t o = s == 0 ? prod : mods[s - 1];
       if (c->opmark[o] == gen)
@@ -94,8 +102,9 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
             FAIL("needed at two versions");
           continue;
         }
+        bool written = cap__written_between(c, y, o, b_real);
         if (cap__resident_at(c, y, b)) {
-          if (cap__written_between(c, y, o, b))
+          if (written)
             FAIL("source written in place since");
           if (cap__u32vec_push(&c->touched, y))
             return CAP_ENOMEM;
@@ -106,8 +115,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
           /* dropped by the plan: its own list restores it here, at the
            * version it was evicted at */
           const cap__gap_t *yg = &c->gaps[c->ch[ci].gap];
-          if (cap__version_before(c, y, yg->a + 1) != need)
-            FAIL("nested version");
+          if (written || cap__version_before(c, y, yg->a + 1) != need)
+            FAIL("nested source written in place since");
           if (cap__u32vec_push(&c->touched, y) ||
               cap__u32vec_push(&c->restored, ci))
             return CAP_ENOMEM;
@@ -119,8 +128,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
            * then), which the compute stream waits for */
           const cap__choice_t *yc = &c->ch[ci];
           const cap__gap_t *yg = &c->gaps[yc->gap];
-          if (cap__version_before(c, y, yg->a + 1) != need)
-            FAIL("swapped source version");
+          if (written || cap__version_before(c, y, yg->a + 1) != need)
+            FAIL("swapped source written in place since");
           if (cap__u32vec_push(&c->touched, y))
             return CAP_ENOMEM;
           if (yc->trig_op != CAP_NONE && yc->save_hi <= b &&
