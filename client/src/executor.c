@@ -258,7 +258,12 @@ static bool wait_one_out(cap_client_t *c) {
   for (uint32_t i = 0; i < c->n_retire; i++) {
     cap__retire_t *r = &c->retire[i];
     if (r->tensor != CAP_NONE || r->dev) {
+      int64_t t0 = cap__now_ns(c);
       int st = cap__ev_sync(c, r->ev);
+      int64_t w = cap__now_ns(c) - t0;
+      c->it.stall_ns += w;
+      c->it.budget_waits++;
+      atomic_fetch_add(&c->ctr.stall_ns, w);
       retire_finish(c, r, st < 0 ? st : 1);
       memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
       c->n_retire--;
@@ -335,7 +340,10 @@ static bool evict_lru(cap_client_t *c) {
   }
   if (best == CAP_NONE)
     return false;
-  return swap_out(c, best, CAP_NONE, true) == 0;
+  if (swap_out(c, best, CAP_NONE, true) != 0)
+    return false;
+  c->it.lru_evictions++;
+  return true;
 }
 
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {

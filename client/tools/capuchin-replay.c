@@ -124,11 +124,13 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            ",\"bytes_in\":%" PRIu64 ",\"recomputed_ops\":%u,\"stall_ns\":%" PRId64
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
            ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
-           ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64 "}",
+           ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64
+           ",\"lru_evictions\":%u,\"budget_waits\":%u}",
            first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
            s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
            s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
-           s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes);
+           s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes,
+           s->lru_evictions, s->budget_waits);
   } else {
     if (first)
       printf("%4s %-8s %10s %10s %10s %10s %6s %9s %4s %10s %10s\n", "iter",

@@ -72,7 +72,7 @@ replay_checks() { # model scale iterations
 }
 
 for model in ${CAP_REPLAY_MODELS:-resnet50}; do
-  replay_checks "$model" "${CAP_TEST_TIME_SCALE:-20}" 5
+  replay_checks "$model" "${CAP_TEST_TIME_SCALE:-20}" 6
 done
 
 [ "${CAP_REPLAY_NO_DAEMON:-1}" = 1 ] || exit $fail

@@ -170,6 +170,10 @@ typedef struct cap_iter_stats {
   uint64_t dropped_records;/* recorder ring overflow (measurement incomplete) */
   uint32_t fallbacks;      /* plan actions replaced by on-demand handling
                               (failed copy or recompute, budget pressure) */
+  uint32_t lru_evictions;  /* of evictions: LRU swap-outs on demand (passive,
+                              or a guided allocation that did not fit) */
+  uint32_t budget_waits;   /* allocations that waited for a running swap-out
+                              to release memory (counted in stall_ns) */
 } cap_iter_stats_t;
 
 /* End the iteration: report IterationEnd (and prefetch feedback in guided
