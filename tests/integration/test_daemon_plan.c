@@ -9,6 +9,7 @@
  */
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cap_test.h"
 #include "capuchin/planner.h"
@@ -45,6 +46,18 @@ static long long count(const char *sql) {
     n = sqlite3_column_int64(st, 0);
   sqlite3_finalize(st);
   cap_store_close(s);
+  return n;
+}
+
+/* Iterations are stored off the loop, in order but not before the plan
+ * that a later frame triggers is pushed: wait for the row to land. */
+static long long count_at_least(const char *sql, long long want,
+                                int timeout_ms) {
+  long long n = count(sql);
+  for (int waited = 0; n < want && waited < timeout_ms; waited += 20) {
+    usleep(20 * 1000);
+    n = count(sql);
+  }
   return n;
 }
 
@@ -146,9 +159,9 @@ static void test_measured_plan_within_1s(void) {
   }
   CHECK(earlier);
   cap_plan_destroy(v2);
-  CHECK(count("SELECT count(*) FROM plans WHERE version = 2") >= 1);
+  CHECK(count_at_least("SELECT count(*) FROM plans WHERE version = 2", 1, 5000) >= 1);
   /* Every iteration's measurements are stored. */
-  CHECK(count("SELECT count(*) FROM iterations") >= 2);
+  CHECK(count_at_least("SELECT count(*) FROM iterations", 2, 5000) >= 2);
   Capuchin__Bye bye = CAPUCHIN__BYE__INIT;
   tc_send_msg(&c, &bye);
   CHECK(tc_wait_closed(&c, 5000));
