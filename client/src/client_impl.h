@@ -116,6 +116,7 @@ enum {
   CAP__T_IN,         /* H2D in flight; device memory allocated */
   CAP__T_DROPPED,    /* dropped for recompute */
   CAP__T_LOST,       /* contents lost (failed recompute) */
+  CAP__T_RELEASED,   /* released after its last access (plan release) */
 };
 
 typedef struct cap__tensor {

@@ -65,6 +65,8 @@ void cap__x_clear(cap_client_t *c) {
 
 static bool recompute_usable(cap_client_t *c, const cap_plan_t *p,
                              const cap_action_t *a) {
+  if (cap_action_is_release(a))
+    return true; /* nothing to replay */
   if (!c->recompute || !c->log_last_valid || a->n_recompute == 0)
     return false;
   const uint32_t *ops = cap_action_recompute_ops(p, a);
@@ -585,6 +587,16 @@ static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
   switch (t->state) {
   case CAP__T_DEVICE:
     return 0;
+  case CAP__T_RELEASED:
+    /* The plan said the last access had passed; this iteration differs.
+     * Later iterations swap it instead of releasing it (fallback); an op
+     * that only writes it loses nothing. */
+    if (c->x.plan && t->out_action < c->x.plan->n_actions)
+      c->x.fallback[t->out_action] = 1;
+    c->it.fallbacks++;
+    atomic_fetch_add(&c->ctr.fallbacks, 1);
+    t->state = CAP__T_LOST;
+    /* fall through */
   case CAP__T_DECLARED:
   case CAP__T_LOST: {
     void *p = NULL;
@@ -801,7 +813,7 @@ int cap__op_end(cap_client_t *c) {
     if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {
       cap__dev_free(c, t->dev);
       t->dev = NULL;
-      t->state = CAP__T_DROPPED;
+      t->state = cap_action_is_release(a) ? CAP__T_RELEASED : CAP__T_DROPPED;
       t->out_action = ai;
       c->it.evictions++;
       atomic_fetch_add(&c->ctr.evictions, 1);

@@ -392,7 +392,8 @@ static int cmd_plan(ctx_t *c, int64_t id) {
     cap_qtable_set_int(t, A_TENSOR, a->tensor);
     cap_qtable_set_int(t, A_BYTES, (int64_t)bytes);
     cap_qtable_set_int(t, A_EVICT, a->evict_after_access);
-    cap_qtable_set_int(t, A_BACK, a->evict_after_access + 1);
+    if (back != CAP_NONE)
+      cap_qtable_set_int(t, A_BACK, a->evict_after_access + 1);
     int64_t off = -1;
     if (ev != CAP_NONE && back != CAP_NONE) {
       off = p->ops[back].start_ns - p->ops[ev].end_ns;
@@ -431,7 +432,8 @@ static int cmd_plan(ctx_t *c, int64_t id) {
         len += (size_t)sprintf(buf + len, k ? ",%u" : "%u", ops[k]);
       }
       rec_bytes += bytes;
-      cap_qtable_set_text(t, A_METHOD, "recompute");
+      cap_qtable_set_text(t, A_METHOD,
+                          cap_action_is_release(a) ? "release" : "recompute");
       cap_qtable_set_text(t, A_OPS, buf);
       cap_qtable_set_int(t, A_RECOMP, rns);
     }
@@ -516,9 +518,13 @@ static int cmd_timeline(ctx_t *c, int64_t id, const char *svg) {
   have_sim = true;
 
   char title[256], sub[512], a[32], b[32], bud[32];
-  uint32_t n_swap = 0, n_rec = 0;
-  for (uint32_t i = 0; i < l.plan->n_actions; i++)
-    *(l.plan->actions[i].method == CAP_METHOD_SWAP ? &n_swap : &n_rec) += 1;
+  uint32_t n_swap = 0, n_rec = 0, n_rel = 0;
+  for (uint32_t i = 0; i < l.plan->n_actions; i++) {
+    const cap_action_t *act = &l.plan->actions[i];
+    *(act->method == CAP_METHOD_SWAP ? &n_swap
+      : cap_action_is_release(act)   ? &n_rel
+                                     : &n_rec) += 1;
+  }
   mib(bud, sizeof bud, l.plan->budget_bytes);
   snprintf(title, sizeof title,
            "%s \xe2\x80\x94 plan %" PRId64 " (%s v%u), budget %s",
@@ -532,10 +538,10 @@ static int cmd_timeline(ctx_t *c, int64_t id, const char *svg) {
                     : 0;
   snprintf(sub, sizeof sub,
            "unmanaged: peak %s, %.1f ms  \xc2\xb7  planned: peak %s, %.1f ms "
-           "(%+.1f %%)  \xc2\xb7  %u swaps, %u recomputes  \xc2\xb7  "
-           "H2D %.1f / D2H %.1f GB/s%s",
+           "(%+.1f %%)  \xc2\xb7  %u swaps, %u recomputes, %u releases  "
+           "\xc2\xb7  H2D %.1f / D2H %.1f GB/s%s",
            a, (double)l.profile->iter_ns / 1e6, b, (double)sim.iter_ns / 1e6,
-           slow, n_swap, n_rec, l.bw.h2d_gbps, l.bw.d2h_gbps,
+           slow, n_swap, n_rec, n_rel, l.bw.h2d_gbps, l.bw.d2h_gbps,
            l.bw_assumed ? " (assumed)" : "");
   cap_svg_timeline_t tl = {
       .title = title,

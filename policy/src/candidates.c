@@ -183,8 +183,10 @@ bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b) {
     return false;
   /* the gap containing b: accesses i-1 (< b) and i (>= b) */
   uint32_t i = access_lower(p, x, b);
-  if (i == 0 || i >= t->n_accesses)
-    return true; /* after the last access: live until its free */
+  if (i == 0)
+    return true;
+  /* after the last access (i == n_accesses): live until its free unless
+   * released */
   return c->gap_state[t->access_off + i - 1] == GAP_FREE;
 }
 
@@ -195,8 +197,7 @@ uint32_t cap__evicting_choice(const cap__ctx_t *c, uint32_t x, uint32_t b) {
       c->live_end[x] <= b)
     return CAP_NONE;
   uint32_t i = access_lower(p, x, b);
-  if (i == 0 || i >= t->n_accesses ||
-      c->gap_state[t->access_off + i - 1] == GAP_FREE)
+  if (i == 0 || c->gap_state[t->access_off + i - 1] == GAP_FREE)
     return CAP_NONE;
   return c->slot_choice[t->access_off + i - 1];
 }
@@ -235,6 +236,17 @@ static bool evictable_kind(const cap__ctx_t *c, const cap_tensor_t *t) {
   if (t->kind == CAP_KIND_ACTIVATION)
     return t->free_ns >= 0; /* never-freed activations count as persistent */
   return c->cfg->evict_persistent;
+}
+
+/* Whether tensor x stays allocated for at least one op after its last
+ * access (c->live_end must be set), so that a release frees something. A
+ * persistent tensor never qualifies: the next iteration needs its value. */
+static bool releasable(const cap__ctx_t *c, uint32_t x) {
+  const cap_tensor_t *t = &c->p->tensors[x];
+  if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0 || t->n_accesses == 0)
+    return false;
+  uint32_t last = c->p->access_ops[t->access_off + t->n_accesses - 1];
+  return c->live_end[x] > last + 1;
 }
 
 int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
@@ -292,6 +304,8 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
     }
     if (evictable_kind(c, t) && t->n_accesses > 1)
       n_gaps += t->n_accesses - 1;
+    if (releasable(c, x))
+      n_gaps++;
   }
   int64_t run = (int64_t)p->persistent_bytes;
   for (uint32_t i = 0; i < n; i++) {
@@ -351,6 +365,14 @@ int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
         continue;
       c->gaps[c->n_gaps++] = (cap__gap_t){x, k, acc[k - 1], acc[k]};
     }
+  }
+  for (uint32_t x = 0; x < nt; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    if (!releasable(c, x))
+      continue;
+    uint32_t last = p->access_ops[t->access_off + t->n_accesses - 1];
+    c->gaps[c->n_gaps + c->n_tails++] =
+        (cap__gap_t){x, t->n_accesses, last, c->live_end[x]};
   }
 
   rc = cap__memtree_init(&c->mem, c->base_mem, n);

@@ -118,6 +118,36 @@ static int take_recompute(cap__ctx_t *c, uint32_t gi, const cap__gap_t *g,
   return 0;
 }
 
+/* Release every tail still held over an op above the target: it costs
+ * nothing (the tensor is never read again). A tail that a chosen recompute
+ * list reads stays, and a later list may not read a released tensor
+ * (cap__rc_build). */
+static int take_releases(cap__ctx_t *c, int64_t target) {
+  for (uint32_t i = 0; i < c->n_tails; i++) {
+    uint32_t gi = c->n_gaps + i;
+    const cap__gap_t *g = &c->gaps[gi];
+    uint32_t slot = c->p->tensors[g->tensor].access_off + g->k - 1;
+    if (c->gap_state[slot] != GAP_FREE ||
+        cap__memtree_max(&c->mem, g->a + 1, g->b) <= target ||
+        cap__first_use(c, g->tensor, g->a, g->b) != CAP_NONE)
+      continue;
+    cap__choice_t ch = {.gap = gi,
+                        .method = CAP_METHOD_RECOMPUTE,
+                        .trig_op = CAP_NONE,
+                        .save_lo = g->a + 1,
+                        .save_hi = g->b,
+                        .release = true};
+    int rc = push_choice(c, &ch);
+    if (rc)
+      return rc;
+    c->gap_state[slot] = GAP_RECOMPUTE;
+    c->slot_choice[slot] = c->n_ch - 1;
+    cap__memtree_add(&c->mem, g->a + 1, g->b,
+                     -(int64_t)c->p->tensors[g->tensor].bytes);
+  }
+  return 0;
+}
+
 static bool gap_free(const cap__ctx_t *c, const cap__gap_t *g) {
   return c->gap_state[c->p->tensors[g->tensor].access_off + g->k - 1] ==
          GAP_FREE;
@@ -423,6 +453,8 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
           !cap__trigger_name(p, ch->trig_op, g->tensor, &tt, &ta))
         tt = CAP_NONE, ta = 0;
       rc = cap_plan_add_swap(plan, g->tensor, g->k, tt, ta, 0);
+    } else if (ch->release) {
+      rc = cap_plan_add_release(plan, g->tensor, g->k);
     } else {
       rc = cap_plan_add_recompute(plan, g->tensor, g->k, c->rc_ops + ch->rc_off,
                                   ch->rc_n);
@@ -508,6 +540,9 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     for (int pass = 0; pass < 4 && cap__memtree_max_all(&c.mem) > target;
          pass++) {
       uint32_t n0 = c.n_ch;
+      rc = take_releases(&c, target);
+      if (rc)
+        goto out_free;
       if (v->swaps_first) {
         rc = phase_swaps(&c, order, n_order, target);
         if (rc)

@@ -73,7 +73,9 @@ void cap__engine_book(cap__engine_t *e, uint32_t k, int64_t start,
 /* --- planner context (candidates.c) --------------------------------------- */
 
 /* An eviction candidate: tensor evicted after access k (op a), back at
- * access k+1 (op b). */
+ * access k+1 (op b). A tail (k = the last access) has no back-access: op b
+ * is the first op that no longer holds the tensor, and evicting it there is
+ * a release (plan.h). */
 typedef struct cap__gap {
   uint32_t tensor;
   uint32_t k;
@@ -94,6 +96,7 @@ typedef struct cap__choice {
   int64_t out_end;         /* swap: when the swap-out ends, ns */
   uint32_t d2h_next;       /* next choice booked at the same D2H key */
   bool pruned;             /* undone after the fact (see prune) */
+  bool release;            /* a tail: released after its last access */
   int64_t cost_ns;         /* recompute time or exposed swap time */
 } cap__choice_t;
 
@@ -118,7 +121,8 @@ typedef struct cap__ctx {
   uint8_t *gap_state; /* per access slot (access_off + k - 1): GAP_* */
   uint32_t *slot_choice; /* per access slot: index into ch, when chosen */
   cap__gap_t *gaps;
-  uint32_t n_gaps;
+  uint32_t n_gaps;    /* gaps with a back-access: gaps[0 .. n_gaps) */
+  uint32_t n_tails;   /* tails after them: gaps[n_gaps .. n_gaps + n_tails) */
   double *gap_key;    /* per gap: ranking key when last evaluated (0: dead) */
   uint8_t *no_hidden; /* per gap: a hidden swap was found impossible */
   cap__memtree_t mem;
@@ -158,7 +162,8 @@ uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit);
  * far (live at b and not inside an evicted gap ending at or after b). */
 bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b);
 /* Index of the chosen action that has x off the device just before op b
- * (its gap (a, b'] contains b), or CAP_NONE. */
+ * (its gap (a, b'] contains b; a release after the last access a < b), or
+ * CAP_NONE. */
 uint32_t cap__evicting_choice(const cap__ctx_t *c, uint32_t x, uint32_t b);
 /* First op in (a, b] at which a chosen recompute list reads or writes x
  * (CAP_NONE when none): evicting x over (a, b) brings it back there (the

@@ -111,6 +111,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
           continue;
         }
         uint32_t ci = cap__evicting_choice(c, y, b);
+        if (ci != CAP_NONE && c->ch[ci].release)
+          FAIL("source released after its last access");
         if (ci != CAP_NONE && c->ch[ci].method == CAP_METHOD_RECOMPUTE) {
           /* dropped by the plan: its own list restores it here, at the
            * version it was evicted at */
@@ -179,7 +181,9 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
       if (inplace || z == T)
         continue;
       uint32_t zi = cap__evicting_choice(c, z, b);
-      if (zi != CAP_NONE && c->ch[zi].method == CAP_METHOD_RECOMPUTE) {
+      /* a released output is a temporary of the replay like any other */
+      if (zi != CAP_NONE && c->ch[zi].method == CAP_METHOD_RECOMPUTE &&
+          !c->ch[zi].release) {
         /* the replay brings a dropped tensor back for good */
         if (cap__u32vec_push(&c->restored, zi))
           return CAP_ENOMEM;

@@ -102,7 +102,7 @@ int cap_plan_add_swap(cap_plan_t *plan, uint32_t tensor, uint32_t evict_after,
 int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
                            uint32_t evict_after, const uint32_t *ops,
                            uint32_t n_ops) {
-  if (!plan || tensor == CAP_NONE || evict_after == 0 || n_ops == 0 || !ops)
+  if (!plan || tensor == CAP_NONE || evict_after == 0 || (n_ops && !ops))
     return CAP_EINVAL;
   if (n_ops > UINT32_MAX - plan->n_recompute_ops)
     return CAP_ENOMEM;
@@ -130,8 +130,9 @@ int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
   a->prefetch_tensor = CAP_NONE;
   a->recompute_off = plan->n_recompute_ops;
   a->n_recompute = n_ops;
-  memcpy(plan->recompute_ops + plan->n_recompute_ops, ops,
-         (size_t)n_ops * sizeof *ops);
+  if (n_ops)
+    memcpy(plan->recompute_ops + plan->n_recompute_ops, ops,
+           (size_t)n_ops * sizeof *ops);
   plan->n_recompute_ops = need;
   return 0;
 }

@@ -9,7 +9,8 @@
  *              "prefetch_at":{"tensor":ID,"access":K}|null, "sync_out":BOOL}
  *           | {"tensor":ID, "evict_after_access":K, "method":"recompute",
  *              "recompute_ops":[SEQ, ...]}]}
- * "trace", "budget_bytes", "policy" and "actions" are required; "version",
+ * An empty "recompute_ops" at the tensor's last access is a release
+ * (plan.h). "trace", "budget_bytes", "policy" and "actions" are required; "version",
  * the predictions and "sync_out" are optional. Unknown or repeated keys,
  * wrong types, negative or fractional numbers, values out of range and
  * trailing bytes are errors that name the byte offset.
@@ -359,8 +360,9 @@ static int read_action(rd_t *r, cap_plan_t *plan, uint32_t **ops,
   } else {
     if (got & (K_PREFETCH | K_SYNC))
       return rd_fail(r, "recompute action with swap fields");
-    if (n_ops == 0)
-      return rd_fail(r, "recompute action needs a non-empty recompute_ops");
+    if (!(got & K_OPS))
+      return rd_fail(r, "recompute action needs recompute_ops ([] for a "
+                        "release after the last access)");
     rc = cap_plan_add_recompute(plan, (uint32_t)tensor, (uint32_t)evict, *ops,
                                 n_ops);
   }

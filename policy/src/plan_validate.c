@@ -67,7 +67,8 @@ static int key_cmp(const void *a, const void *b) {
 static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                            uint32_t ai, const cap_action_t *a, uint32_t evict_op,
                            uint32_t back_op, uint32_t *fresh, uint32_t gen,
-                           char *err, size_t err_len) {
+                           const uint32_t *released_at, char *err,
+                           size_t err_len) {
   const cap_tensor_t *t = &p->tensors[a->tensor];
   if (a->n_recompute == 0)
     return fail(err, err_len, "action %u (tensor %u): empty recompute list", ai,
@@ -130,6 +131,11 @@ static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
     for (uint32_t j = 0; j < o->n_in; j++) {
       if (fresh[in[j]] == gen)
         continue;
+      if (released_at[in[j]] < back_op)
+        return fail(err, err_len,
+                    "action %u (tensor %u): recompute op %u reads tensor %u, "
+                    "which the plan releases after op %u",
+                    ai, a->tensor, ops[i], in[j], released_at[in[j]]);
       if (written_in_place(p, in[j], ops[i], back_op))
         return fail(err, err_len,
                     "action %u (tensor %u): recompute op %u reads tensor %u, "
@@ -153,17 +159,23 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
   if (plan->n_actions && !plan->actions)
     return fail(err, err_len, "plan has actions but no action array");
   key_t_ *keys = NULL;
-  uint32_t *fresh = NULL;
+  uint32_t *fresh = NULL, *released_at = NULL;
   if (plan->n_actions) {
+    size_t nt = p->n_tensors ? p->n_tensors : 1;
     keys = malloc((size_t)plan->n_actions * sizeof *keys);
-    fresh = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *fresh);
-    if (!keys || !fresh) {
+    fresh = calloc(nt, sizeof *fresh);
+    released_at = malloc(nt * sizeof *released_at);
+    if (!keys || !fresh || !released_at) {
       free(keys);
       free(fresh);
+      free(released_at);
       return CAP_ENOMEM;
     }
+    for (uint32_t x = 0; x < p->n_tensors; x++)
+      released_at[x] = CAP_NONE;
   }
   int rc = 0;
+  /* Releases first: the recompute lists are checked against them. */
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
     if (a->tensor >= p->n_tensors) {
@@ -171,6 +183,36 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
       goto out_free;
     }
     const cap_tensor_t *t = &p->tensors[a->tensor];
+    if (!cap_action_is_release(a))
+      continue;
+    if (a->evict_after_access != t->n_accesses || t->n_accesses == 0) {
+      rc = fail(err, err_len,
+                "action %u (tensor %u): release after access %u, but the "
+                "tensor's last access is %u",
+                i, a->tensor, a->evict_after_access, t->n_accesses);
+      goto out_free;
+    }
+    if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0) {
+      rc = fail(err, err_len,
+                "action %u (tensor %u): release of a tensor that outlives the "
+                "iteration",
+                i, a->tensor);
+      goto out_free;
+    }
+    if (a->prefetch_tensor != CAP_NONE || a->flags) {
+      rc = fail(err, err_len,
+                "action %u (tensor %u): release with swap fields", i, a->tensor);
+      goto out_free;
+    }
+    released_at[a->tensor] = p->access_ops[t->access_off + t->n_accesses - 1];
+  }
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    const cap_tensor_t *t = &p->tensors[a->tensor];
+    if (cap_action_is_release(a)) {
+      keys[i] = (key_t_){a->tensor, a->evict_after_access, i};
+      continue;
+    }
     if (a->evict_after_access == 0 || a->evict_after_access >= t->n_accesses) {
       rc = fail(err, err_len,
                 "action %u (tensor %u): evict after access %u, but the tensor "
@@ -218,8 +260,8 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
         }
       }
     } else if (a->method == CAP_METHOD_RECOMPUTE) {
-      rc = check_recompute(plan, p, i, a, evict_op, back_op, fresh, i + 1, err,
-                           err_len);
+      rc = check_recompute(plan, p, i, a, evict_op, back_op, fresh, i + 1,
+                           released_at, err, err_len);
       if (rc)
         goto out_free;
     } else {
@@ -244,5 +286,6 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
 out_free:
   free(keys);
   free(fresh);
+  free(released_at);
   return rc;
 }

@@ -64,6 +64,7 @@ enum tstate {
   T_HOST,        /* evicted by swap: only the host copy exists */
   T_SWAP_IN,     /* H2D started: device memory held, data arriving */
   T_DROPPED,     /* evicted by recompute */
+  T_RELEASED,    /* released after its last access: no data left */
   T_FREED,
 };
 
@@ -350,6 +351,9 @@ static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
   }
   case T_DROPPED:
     return run_list(s, tt->action, t);
+  case T_RELEASED:
+    s->err = CAP_EINVAL; /* accessed after its last access */
+    return t;
   default:
     return t;
   }
@@ -376,7 +380,8 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       tens_t *x = &s->t[in[j]];
       if (x->temp_gen == s->list_gen)
         continue;
-      if (x->state == T_UNBORN || x->state == T_FREED) {
+      if (x->state == T_UNBORN || x->state == T_FREED ||
+          x->state == T_RELEASED) {
         s->err = CAP_EINVAL; /* replay reads a tensor that does not exist */
         break;
       }
@@ -509,7 +514,10 @@ static int prepare(sim_t *s) {
       goto out;
     }
     const cap_tensor_t *t = &p->tensors[a->tensor];
-    if (a->evict_after_access == 0 || a->evict_after_access >= t->n_accesses) {
+    bool release = cap_action_is_release(a);
+    if (a->evict_after_access == 0 ||
+        (release ? a->evict_after_access != t->n_accesses
+                 : a->evict_after_access >= t->n_accesses)) {
       rc = CAP_EINVAL;
       goto out;
     }
@@ -528,8 +536,13 @@ static int prepare(sim_t *s) {
         }
         tkey[i] = op;
       }
+    } else if (release) {
+      if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0) {
+        rc = CAP_EINVAL; /* its value is needed by the next iteration */
+        goto out;
+      }
     } else if (a->method == CAP_METHOD_RECOMPUTE) {
-      if (a->n_recompute == 0 || a->recompute_off > plan->n_recompute_ops ||
+      if (a->recompute_off > plan->n_recompute_ops ||
           a->n_recompute > plan->n_recompute_ops - a->recompute_off) {
         rc = CAP_EINVAL;
         goto out;
@@ -675,7 +688,7 @@ static void simulate(sim_t *s) {
         continue; /* freed already */
       tt->action = ai;
       if (a->method == CAP_METHOD_RECOMPUTE) {
-        tt->state = T_DROPPED;
+        tt->state = cap_action_is_release(a) ? T_RELEASED : T_DROPPED;
         t_release(s, a->tensor, end);
         continue;
       }

@@ -91,7 +91,7 @@ static bool action_ok(const cap_plan_t *plan, const cap_action_t *a) {
       return false;
     return true;
   case CAP_METHOD_RECOMPUTE:
-    if (a->n_recompute == 0 || a->recompute_off > plan->n_recompute_ops ||
+    if (a->recompute_off > plan->n_recompute_ops ||
         a->n_recompute > plan->n_recompute_ops - a->recompute_off)
       return false;
     for (uint32_t j = 0; j < a->n_recompute; j++)
@@ -159,7 +159,7 @@ int cap_proto_plan_to_msg(const cap_plan_t *plan, Capuchin__Plan **out) {
       pa->prefetch_tensor = a->prefetch_tensor;
       pa->prefetch_access = a->prefetch_access;
     }
-    if (a->method == CAP_METHOD_RECOMPUTE) {
+    if (a->method == CAP_METHOD_RECOMPUTE && a->n_recompute) {
       pa->recompute_ops = malloc((size_t)a->n_recompute * sizeof(uint32_t));
       if (!pa->recompute_ops)
         goto out_free;

@@ -371,8 +371,7 @@ static int v_action(vctx_t *c, const Capuchin__PlanAction *a, size_t i) {
   case CAPUCHIN__METHOD__METHOD_RECOMPUTE:
     if (a->has_prefetch_tensor)
       return FAIL(c, CAP_EPROTO, "actions[%zu]: recompute with a prefetch", i);
-    if (a->n_recompute_ops == 0)
-      return FAIL(c, CAP_EPROTO, "actions[%zu]: recompute without ops", i);
+    /* no ops: a release after the last access (plan.h) */
     CHECK_RC(check_count(c, a->n_recompute_ops, "recompute_ops"));
     for (size_t j = 0; j < a->n_recompute_ops; j++)
       if (a->recompute_ops[j] >= c->lim->max_op_seq)

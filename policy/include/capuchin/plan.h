@@ -22,9 +22,16 @@ typedef enum {
 #define CAP_ACTION_SYNC_OUT 0x1u /* swap-out runs on the compute stream: the
                                     next op waits for it (save_on_cpu, LRU) */
 
+/* A release is a recompute action with an empty list whose evicted-access
+ * is the tensor's last one: there is no back-access, so its memory is given
+ * back as soon as that op ends instead of at the framework's free (PyTorch
+ * keeps gradients until zero_grad, the optimizer step reads them last).
+ * Only tensors freed within the iteration may be released; no recompute
+ * list may read one after its release. */
 typedef struct cap_action {
   uint32_t tensor;
-  uint32_t evict_after_access; /* k >= 1; the back-access is k + 1 */
+  uint32_t evict_after_access; /* k >= 1; the back-access is k + 1 (none
+                                  for a release) */
   cap_method_t method;
   uint32_t flags;              /* CAP_ACTION_* */
   /* swap: the prefetch starts when op of access prefetch_access of tensor
@@ -61,17 +68,31 @@ cap_plan_t *cap_plan_clone(const cap_plan_t *plan);
 int cap_plan_add_swap(cap_plan_t *plan, uint32_t tensor, uint32_t evict_after,
                       uint32_t prefetch_tensor, uint32_t prefetch_access,
                       uint32_t flags);
+/* n_ops == 0 (ops may be NULL) adds a release. */
 int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
                            uint32_t evict_after, const uint32_t *ops,
                            uint32_t n_ops);
+/* Release tensor after its last access (see cap_action_t). */
+static inline int cap_plan_add_release(cap_plan_t *plan, uint32_t tensor,
+                                       uint32_t last_access) {
+  return cap_plan_add_recompute(plan, tensor, last_access, NULL, 0);
+}
 
+static inline bool cap_action_is_release(const cap_action_t *a) {
+  return a->method == CAP_METHOD_RECOMPUTE && a->n_recompute == 0;
+}
+
+/* The action's recompute list (NULL for a swap or a release). */
 static inline const uint32_t *cap_action_recompute_ops(const cap_plan_t *plan,
                                                        const cap_action_t *a) {
+  if (a->n_recompute == 0 || !plan->recompute_ops)
+    return NULL;
   return plan->recompute_ops + a->recompute_off;
 }
 
 /* Check every action against the profile: tensor ids, access indices (a
- * back-access must exist), triggers that precede the back-access, recompute
+ * back-access must exist, except for a release at the last access of a
+ * tensor freed within the iteration), triggers that precede the back-access, recompute
  * lists whose ops exist, run before the back-access and end with the
  * tensor's producer. Returns 0 or CAP_EINVAL with a message in err. */
 int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,

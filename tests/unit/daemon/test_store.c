@@ -356,6 +356,16 @@ static cap_plan_t *make_plan(const cap_profile_t *p, uint64_t budget,
     }
     n++;
   }
+  /* and a release after the last access of a freed activation */
+  for (uint32_t t = 0; t < p->n_tensors; t++) {
+    const cap_tensor_t *tt = &p->tensors[t];
+    if (tt->kind == CAP_KIND_ACTIVATION && tt->free_ns >= 0 &&
+        tt->n_accesses >= 1) {
+      if (cap_plan_add_release(plan, t, tt->n_accesses) != 0)
+        goto fail;
+      break;
+    }
+  }
   return plan;
 fail:
   cap_plan_destroy(plan);

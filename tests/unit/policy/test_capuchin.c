@@ -314,6 +314,47 @@ static void test_persistent_only_when_allowed(void) {
   cap_profile_destroy(p);
 }
 
+/* The gradient pattern: G is read last by the optimizer (op 1) but freed
+ * only at zero_grad (4 ms), across op 2's 150 MB temporary. Releasing G
+ * after its last access costs nothing and is the only way under 350 MB
+ * (T is read by the very next op, no gap to evict it over). */
+static void test_release_lingering_gradient(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t W = 0, M = 1, G = 2, T = 3;
+  fx_tensor(&f, W, 100 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, M, 100 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, G, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, T, 150 * MB, CAP_KIND_ACTIVATION);
+  uint32_t gm[] = {G, M};
+  fx_op(&f, 0, 1000 * US, "aten.mm.default", &W, 1, &G, 1);
+  fx_op(&f, 1000 * US, 2000 * US, "aten._foreach_add_.List", gm, 2, NULL, 0);
+  fx_op(&f, 2000 * US, 3000 * US, "aten.mm.default", &W, 1, &T, 1);
+  fx_op(&f, 3000 * US, 4000 * US, "aten.sum.default", &T, 1, NULL, 0);
+  fx_free(&f, 4000 * US, T);
+  fx_free(&f, 4000 * US, G);
+  cap_profile_t *p = fx_finish(&f);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 350 * MB);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  CHECK_EQ(plan->actions[0].tensor, G);
+  CHECK_EQ(plan->actions[0].evict_after_access, 2);
+  CHECK(cap_action_is_release(&plan->actions[0]));
+  CHECK_EQ(r.iter_ns, 4000 * US);
+  CHECK_EQ(r.peak_bytes, 350 * MB);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  /* Below what the ops themselves need: infeasible, releases or not. */
+  cfg.budget_bytes = 340 * MB;
+  CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), CAP_EINFEASIBLE);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_bad_arguments(void) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, 1);
@@ -334,6 +375,7 @@ int main(void) {
   RUN_TEST(test_inplace_input_not_replayed);
   RUN_TEST(test_infeasible_reports_smallest_peak);
   RUN_TEST(test_persistent_only_when_allowed);
+  RUN_TEST(test_release_lingering_gradient);
   RUN_TEST(test_bad_arguments);
   return TEST_SUMMARY();
 }

@@ -80,13 +80,15 @@ static void test_minimal_and_escapes(void) {
                    "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
                    "\"prefetch_at\":{\"access\":2,\"tensor\":9},\"sync_out\":false},"
                    "{\"tensor\":2,\"evict_after_access\":3,\"method\":\"swap\","
-                   "\"prefetch_at\":null,\"sync_out\":true}]}\n";
+                   "\"prefetch_at\":null,\"sync_out\":true},"
+                   "{\"tensor\":5,\"evict_after_access\":4,\"method\":\"recompute\","
+                   "\"recompute_ops\":[]}]}\n";
   cap_plan_t *plan = NULL;
   int rc = cap_plan_read_json(ok, strlen(ok), &plan, err, sizeof err);
   if (rc)
     fprintf(stderr, "%s\n", err);
   REQUIRE(rc == 0);
-  CHECK_EQ(plan->n_actions, 3);
+  CHECK_EQ(plan->n_actions, 4);
   CHECK(plan->budget_bytes == UINT64_MAX);
   CHECK_STR(plan->policy, "capuchin");
   CHECK_EQ(plan->version, 1);
@@ -98,6 +100,20 @@ static void test_minimal_and_escapes(void) {
   CHECK_EQ(plan->actions[1].flags, 0);
   CHECK_EQ(plan->actions[2].prefetch_tensor, CAP_NONE);
   CHECK_EQ(plan->actions[2].flags, CAP_ACTION_SYNC_OUT);
+  CHECK(cap_action_is_release(&plan->actions[3]));
+  CHECK(!cap_action_is_release(&plan->actions[0]));
+  /* written back, a release reads the same */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  REQUIRE(f);
+  CHECK_EQ(cap_plan_write_json(f, plan, "a"), 0);
+  fclose(f);
+  cap_plan_t *again = NULL;
+  CHECK_EQ(cap_plan_read_json(buf, len, &again, err, sizeof err), 0);
+  CHECK(again && same_plan(plan, again));
+  cap_plan_destroy(again);
+  free(buf);
   cap_plan_destroy(plan);
 }
 
@@ -125,9 +141,8 @@ static void test_malformed(void) {
       {"{\"actions\":[{\"tensor\":1,\"evict_after_access\":0}]}", "at least 1"},
       {"{\"actions\":[{\"tensor\":4294967295}]}", "out of range"},
       {"{\"actions\":[{\"method\":\"teleport\"}]}", "unknown method"},
-      {"{\"actions\":[{\"tensor\":1,\"evict_after_access\":1,\"method\":\"recompute\","
-       "\"recompute_ops\":[]}]}",
-       "non-empty"},
+      {"{\"actions\":[{\"tensor\":1,\"evict_after_access\":1,\"method\":\"recompute\"}]}",
+       "needs recompute_ops"},
       {"{\"actions\":[{\"tensor\":1,\"evict_after_access\":1,\"method\":\"recompute\","
        "\"recompute_ops\":[1],\"sync_out\":true}]}",
        "swap fields"},

@@ -401,6 +401,105 @@ static void test_recompute_chain(void) {
   cap_profile_destroy(p);
 }
 
+/*
+ * Release after the last access. Tensors: 0 P param 100; 1 G activation
+ * 1000 (a gradient the optimizer reads last at op1); 2 Y activation 50;
+ * 3 W activation 500.
+ * op0 [0,100]     -> G      op1 [100,200] G -> Y
+ * op2 [200,300]   -> W      op3 [300,400] W, Y
+ * free G, W, Y at 400.
+ * Unmanaged: @0 1100, @100 1150, @200 1650, @400 100.
+ * G released after access 2: @200 650; peak 1150 at 100, no time lost.
+ */
+static cap_profile_t *release_profile(void) {
+  uint64_t bytes[] = {100, 1000, 50, 500};
+  cap_tensor_kind_t kind[] = {CAP_KIND_PARAM, CAP_KIND_ACTIVATION,
+                              CAP_KIND_ACTIVATION, CAP_KIND_ACTIVATION};
+  op_spec_t ops[] = {
+      {0, 100, {0}, 0, {1}, 1, NULL},
+      {100, 200, {1}, 1, {2}, 1, NULL},
+      {200, 300, {0}, 0, {3}, 1, NULL},
+      {300, 400, {3, 2}, 2, {0}, 0, NULL},
+  };
+  int64_t frees[][2] = {{400, 1}, {400, 2}, {400, 3}};
+  return build(bytes, kind, 4, ops, 4, frees, 3);
+}
+
+static void test_release(void) {
+  cap_profile_t *p = release_profile();
+  REQUIRE(p);
+  char err[256];
+  cap_sim_result_t r;
+  cap_plan_t *plan = cap_plan_create("test", 0);
+  REQUIRE(plan);
+  CHECK_EQ(cap_plan_add_release(plan, 1, 2), 0);
+  CHECK(cap_action_is_release(&plan->actions[0]));
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), 0);
+  REQUIRE(cap_sim_run(p, plan, &BW1, &r) == 0);
+  CHECK_EQ(mem_at(&r, 150), 1150);
+  CHECK_EQ(mem_at(&r, 200), 650);
+  CHECK_EQ(mem_at(&r, 400), 100);
+  CHECK_EQ(r.peak_bytes, 1150);
+  CHECK_EQ(r.peak_t_ns, 100);
+  CHECK_EQ(r.iter_ns, 400);
+  CHECK_EQ(r.recompute_ns, 0);
+  CHECK_EQ(r.swap_out_bytes, 0);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+
+  /* Not at the last access: there is a back-access that needs the data. */
+  plan = cap_plan_create("test", 0);
+  REQUIRE(plan);
+  CHECK_EQ(cap_plan_add_release(plan, 1, 1), 0);
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), CAP_EINVAL);
+  CHECK(strstr(err, "last access is 2") != NULL);
+  CHECK_EQ(cap_sim_run(p, plan, &BW1, &r), CAP_EINVAL);
+  cap_plan_destroy(plan);
+
+  /* A parameter outlives the iteration: never released. */
+  plan = cap_plan_create("test", 0);
+  REQUIRE(plan);
+  CHECK_EQ(cap_plan_add_release(plan, 0, 0), CAP_EINVAL); /* no access 0 */
+  cap_plan_destroy(plan);
+
+  /* A recompute list may not read what the plan released: Y dropped after
+   * op1 and rebuilt by replaying op1 before op3 would read G. */
+  plan = cap_plan_create("test", 0);
+  REQUIRE(plan);
+  uint32_t ly[] = {1};
+  CHECK_EQ(cap_plan_add_release(plan, 1, 2), 0);
+  CHECK_EQ(cap_plan_add_recompute(plan, 2, 1, ly, 1), 0);
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), CAP_EINVAL);
+  CHECK(strstr(err, "releases") != NULL);
+  CHECK_EQ(cap_sim_run(p, plan, &BW1, &r), CAP_EINVAL);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+/* A parameter has no free: releasing it after its last access would lose
+ * the next iteration's value. */
+static void test_release_persistent_refused(void) {
+  uint64_t bytes[] = {100, 10};
+  cap_tensor_kind_t kind[] = {CAP_KIND_PARAM, CAP_KIND_ACTIVATION};
+  op_spec_t ops[] = {
+      {0, 100, {0}, 1, {1}, 1, NULL},
+      {100, 200, {1}, 1, {0}, 0, NULL},
+  };
+  int64_t frees[][2] = {{200, 1}};
+  cap_profile_t *p = build(bytes, kind, 2, ops, 2, frees, 1);
+  REQUIRE(p);
+  cap_plan_t *plan = cap_plan_create("test", 0);
+  REQUIRE(plan);
+  CHECK_EQ(cap_plan_add_release(plan, 0, 1), 0);
+  char err[256];
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), CAP_EINVAL);
+  CHECK(strstr(err, "outlives") != NULL);
+  cap_sim_result_t r;
+  CHECK_EQ(cap_sim_run(p, plan, &BW1, &r), CAP_EINVAL);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 /* Gaps between ops are kept: a stall before an op moves the ones after it
  * by the same amount, gaps intact. */
 static void test_gaps_kept(void) {
@@ -586,6 +685,8 @@ int main(void) {
   RUN_TEST(test_duplex_limit);
   RUN_TEST(test_recompute_chain);
   RUN_TEST(test_gaps_kept);
+  RUN_TEST(test_release);
+  RUN_TEST(test_release_persistent_refused);
   RUN_TEST(test_invalid_plans);
   RUN_TEST(test_inplace_rules);
   RUN_TEST(test_clone);

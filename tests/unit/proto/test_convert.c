@@ -44,6 +44,7 @@ static cap_plan_t *sample_plan(void) {
       cap_plan_add_recompute(p, 6, 2, ops1, 3) ||
       cap_plan_add_swap(p, 7, 3, CAP_NONE, 0, CAP_ACTION_SYNC_OUT) ||
       cap_plan_add_recompute(p, 2147483647u, 1, ops2, 1) ||
+      cap_plan_add_release(p, 8, 4) ||
       cap_plan_add_swap(p, 0, 2147483647u - 1, 2147483647u, 2147483647u - 1, 0)) {
     cap_plan_destroy(p);
     return NULL;
@@ -77,7 +78,7 @@ static void test_plan_round_trip(void) {
   REQUIRE(p);
   Capuchin__Plan *m;
   REQUIRE(cap_proto_plan_to_msg(p, &m) == 0);
-  CHECK_EQ(m->n_actions, 5);
+  CHECK_EQ(m->n_actions, 6);
   Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
   REQUIRE(cap_proto_envelope_set(&env, m) == 0);
   CHECK_EQ(env.msg_case, CAPUCHIN__ENVELOPE__MSG_PLAN);
