@@ -16,6 +16,7 @@ struct chunk {
   uintptr_t addr;
   size_t bytes;           /* chunk size, multiple of 256 */
   size_t requested;       /* caller's size when in use */
+  uint64_t requested_cost; /* scratch of cap_bfc_find_window */
   chunk *prev, *next;     /* address neighbours within the arena */
   chunk *bin_prev, *bin_next;
   arena *arena;
@@ -479,6 +480,67 @@ bool cap_bfc_fits(cap_bfc_t *a, size_t bytes) {
   }
   pthread_mutex_unlock(&a->mu);
   return ok;
+}
+
+int cap_bfc_find_window(cap_bfc_t *a, size_t bytes,
+                        uint32_t (*weight)(void *ctx, const void *ptr),
+                        void *ctx, void **out, size_t max_out) {
+  if (!a || !bytes || !weight)
+    return CAP_EINVAL;
+  size_t need = round_up(bytes);
+  pthread_mutex_lock(&a->mu);
+  chunk *best_lo = NULL, *best_hi = NULL;
+  uint64_t best_cost = UINT64_MAX;
+  size_t best_n = 0;
+  for (arena *ar = a->arenas; ar && best_cost; ar = ar->next) {
+    /* Two pointers over the arena's chunks: [lo, hi] holds only free and
+     * movable chunks; shrink from the left while it stays big enough (a
+     * smaller run never costs more: costs are not negative). */
+    chunk *lo = ar->first;
+    size_t span = 0, n_used = 0;
+    uint64_t cost = 0;
+    for (chunk *hi = ar->first; hi; hi = hi->next) {
+      uint32_t w = hi->in_use ? weight(ctx, (void *)hi->addr) : 0;
+      if (hi->in_use && !w) {
+        lo = hi->next;
+        span = 0;
+        cost = 0;
+        n_used = 0;
+        continue;
+      }
+      /* the chunk's cost is kept in it while it is in the run */
+      hi->requested_cost = (uint64_t)hi->bytes * w;
+      span += hi->bytes;
+      cost += hi->requested_cost;
+      n_used += hi->in_use;
+      while (lo != hi && span - lo->bytes >= need) {
+        span -= lo->bytes;
+        cost -= lo->requested_cost;
+        n_used -= lo->in_use;
+        lo = lo->next;
+      }
+      if (span >= need && cost < best_cost) {
+        best_cost = cost;
+        best_lo = lo;
+        best_hi = hi;
+        best_n = n_used;
+      }
+    }
+  }
+  int rc;
+  if (!best_lo || best_n > max_out) {
+    rc = CAP_ENOENT;
+  } else {
+    rc = 0;
+    for (chunk *c = best_lo;; c = c->next) {
+      if (c->in_use)
+        out[rc++] = (void *)c->addr;
+      if (c == best_hi)
+        break;
+    }
+  }
+  pthread_mutex_unlock(&a->mu);
+  return rc;
 }
 
 void cap_bfc_set_budget(cap_bfc_t *a, uint64_t budget_bytes) {

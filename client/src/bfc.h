@@ -111,6 +111,21 @@ size_t cap_bfc_chunk_bytes(cap_bfc_t *a, const void *ptr);
  * the budget (it may still need a new arena from the source). */
 bool cap_bfc_fits(cap_bfc_t *a, size_t bytes);
 
+/* Fragmentation relief. When the bytes in use leave room for `bytes` but no
+ * free chunk is that large, freeing a few allocations that sit between free
+ * chunks makes one. This finds the run of neighbouring chunks in one arena
+ * whose in-use chunks, once freed, merge with the free ones around them
+ * into a chunk of at least `bytes` at the least cost: the sum over its
+ * in-use chunks of bytes x weight(ctx, ptr), where weight 0 means the chunk
+ * may not move. weight is called with the allocator's mutex held: it must
+ * not call back into the allocator. Writes the run's allocations to out (at
+ * most max_out) and returns their count (0: a free chunk fits already), or
+ * CAP_ENOENT when no run qualifies or it has more than max_out
+ * allocations. */
+int cap_bfc_find_window(cap_bfc_t *a, size_t bytes,
+                        uint32_t (*weight)(void *ctx, const void *ptr),
+                        void *ctx, void **out, size_t max_out);
+
 /* Change the budget (and the arena limit with it unless one was configured).
  * Lowering it below the bytes in use is allowed: allocations fail until
  * enough is freed. Arenas are not given back; see cap_bfc_trim. */

@@ -78,6 +78,14 @@ void cap__dev_close(cap_client_t *c);
 int cap__dev_alloc(cap_client_t *c, uint64_t bytes, void **p);
 void cap__dev_free(cap_client_t *c, void *p);
 uint64_t cap__dev_in_use(cap_client_t *c);
+/* Whether the bytes in use leave room for `bytes` (a failure is then
+ * fragmentation, not the budget). */
+bool cap__dev_budget_has_room(cap_client_t *c, uint64_t bytes);
+/* The fewest-bytes set of allocations whose eviction makes a free chunk of
+ * `bytes` (cap_bfc_find_window); movable decides which may go. */
+int cap__dev_find_window(cap_client_t *c, uint64_t bytes,
+                         uint32_t (*weight)(void *ctx, const void *ptr),
+                         void *ctx, void **out, size_t max_out);
 int cap__dev_set_budget(cap_client_t *c, uint64_t bytes);
 void cap__dev_fault_copy(cap_client_t *c, uint32_t nth);
 int cap__host_alloc(cap_client_t *c, uint64_t bytes, void **p);

@@ -169,6 +169,20 @@ uint64_t cap__dev_in_use(cap_client_t *c) {
   return st.in_use_bytes;
 }
 
+bool cap__dev_budget_has_room(cap_client_t *c, uint64_t bytes) {
+  cap_bfc_stats_t st;
+  cap_bfc_stats(c->dev->dev_bfc, &st);
+  uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  return !st.budget_bytes || st.in_use_bytes + rounded <= st.budget_bytes;
+}
+
+int cap__dev_find_window(cap_client_t *c, uint64_t bytes,
+                         uint32_t (*weight)(void *ctx, const void *ptr),
+                         void *ctx, void **out, size_t max_out) {
+  return cap_bfc_find_window(c->dev->dev_bfc, bytes ? bytes : 1, weight, ctx,
+                             out, max_out);
+}
+
 int cap__host_alloc(cap_client_t *c, uint64_t bytes, void **p) {
   return cap_bfc_alloc(c->dev->host_bfc, bytes ? bytes : 1, p);
 }

@@ -348,6 +348,72 @@ static bool evict_lru(cap_client_t *c) {
   return true;
 }
 
+/* Fragmentation: the budget has room but no free chunk is big enough.
+ * Swap out the few tensors that sit between free chunks (the cheapest run,
+ * cap_bfc_find_window) instead of LRU victims that may lie anywhere. */
+typedef struct {
+  const void *ptr;
+  uint32_t id;
+  uint32_t weight; /* 1 least recently used .. 16 most */
+} dev_owner_t;
+
+static int owner_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const dev_owner_t *)a)->ptr;
+  uintptr_t y = (uintptr_t)((const dev_owner_t *)b)->ptr;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct {
+  dev_owner_t *v;
+  uint32_t n;
+} owners_t;
+
+static const dev_owner_t *owner_of(const owners_t *o, const void *ptr) {
+  dev_owner_t key = {ptr, 0, 0};
+  return bsearch(&key, o->v, o->n, sizeof *o->v, owner_cmp);
+}
+
+static int lru_cmp(const void *a, const void *b) {
+  uint64_t x = ((const dev_owner_t *)a)->weight, y = ((const dev_owner_t *)b)->weight;
+  return x < y ? -1 : x > y;
+}
+
+/* Bytes weighted by recency: a run of cold tensors beats a slightly
+ * smaller run of tensors the next ops are likely to read. */
+static uint32_t owner_weight(void *ctx, const void *ptr) {
+  const dev_owner_t *w = owner_of(ctx, ptr);
+  return w ? w->weight : 0;
+}
+
+#define DEFRAG_MAX 64u /* tensors one window may evict */
+
+static bool evict_window(cap_client_t *c, uint64_t bytes) {
+  owners_t o = {malloc((c->n_tensors ? c->n_tensors : 1) * sizeof *o.v), 0};
+  if (!o.v)
+    return false;
+  for (uint32_t i = 0; i < c->n_tensors; i++) {
+    const cap__tensor_t *t = &c->tensors[i];
+    if (t->state == CAP__T_DEVICE && !t->pinned && t->dev)
+      o.v[o.n++] = (dev_owner_t){t->dev, i, (uint32_t)(t->lru > UINT32_MAX ? UINT32_MAX : t->lru)};
+  }
+  /* recency rank -> weight 1..16 */
+  qsort(o.v, o.n, sizeof *o.v, lru_cmp);
+  for (uint32_t i = 0; i < o.n; i++)
+    o.v[i].weight = 1 + (uint32_t)((uint64_t)i * 16 / (o.n ? o.n : 1));
+  qsort(o.v, o.n, sizeof *o.v, owner_cmp);
+  void *win[DEFRAG_MAX];
+  int n = cap__dev_find_window(c, bytes, owner_weight, &o, win, DEFRAG_MAX);
+  bool ok = n > 0;
+  for (int i = 0; i < n && ok; i++) {
+    const dev_owner_t *w = owner_of(&o, win[i]);
+    ok = w && swap_out(c, w->id, CAP_NONE, true) == 0;
+    if (ok)
+      c->it.lru_evictions++;
+  }
+  free(o.v);
+  return ok;
+}
+
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
   for (;;) {
     int rc = cap__dev_alloc(c, bytes, p);
@@ -364,6 +430,9 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
     if (c->n_retire != before)
       continue;
     if (wait_one_out(c))
+      continue;
+    if (may_evict && cap__dev_budget_has_room(c, bytes) &&
+        evict_window(c, bytes))
       continue;
     if (!may_evict || !evict_lru(c)) {
       cap__set_error(c, "allocation of %llu bytes does not fit the budget of "

@@ -47,6 +47,7 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   cfg->max_pending_write_bytes = 16u << 20;
   cfg->bw_tolerance = 0.2;
   snprintf(cfg->planner, sizeof cfg->planner, "capuchin");
+  cfg->alloc_headroom_pct = 4.0;
 }
 
 int cap_daemon_parse_bytes(const char *s, uint64_t *out) {
@@ -225,6 +226,33 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
       return CAP_EINVAL;
     }
     snprintf(cfg->planner, sizeof cfg->planner, "%s", value);
+    return 0;
+  }
+  if (strcmp(key, "alloc-headroom") == 0) {
+    char *end;
+    double x = strtod(value, &end);
+    if (end != value && *end == '%')
+      end++;
+    if (end == value || *end || !(x >= 0 && x <= 50)) {
+      snprintf(err, err_len, "alloc-headroom: '%s' is not a percentage in 0..50",
+               value);
+      return CAP_ERANGE;
+    }
+    cfg->alloc_headroom_pct = x;
+    return 0;
+  }
+  if (strcmp(key, "evict-persistent") == 0) {
+    if (strcmp(value, "auto") == 0)
+      cfg->evict_persistent = CAP_EVICT_PERSISTENT_AUTO;
+    else if (strcmp(value, "no") == 0)
+      cfg->evict_persistent = CAP_EVICT_PERSISTENT_NO;
+    else if (strcmp(value, "yes") == 0)
+      cfg->evict_persistent = CAP_EVICT_PERSISTENT_YES;
+    else {
+      snprintf(err, err_len, "evict-persistent: '%s' is not auto, yes or no",
+               value);
+      return CAP_EINVAL;
+    }
     return 0;
   }
   if (strcmp(key, "stall-probe-ms") == 0) {

@@ -29,6 +29,9 @@ typedef struct task {
   cap__session_t *s;
   cap_store_t *store;
   char planner[32];
+  cap_evict_persistent_t evict_persistent;
+  bool evicts_persistent; /* the plan computed does */
+  double headroom_pct;    /* plan this far under the budget when it fits */
   double bw_tolerance;
   /* inputs */
   cap_store_job_t job;
@@ -71,6 +74,8 @@ static task_t *task_new(cap__session_t *s, cap__work_kind_t kind) {
   t->s = s;
   t->store = s->d->store;
   snprintf(t->planner, sizeof t->planner, "%s", s->d->cfg.planner);
+  t->evict_persistent = s->d->cfg.evict_persistent;
+  t->headroom_pct = s->d->cfg.alloc_headroom_pct;
   t->bw_tolerance = s->d->cfg.bw_tolerance;
   t->budget = s->granted_budget;
   t->bw = s->bw;
@@ -100,6 +105,39 @@ static void store_err(task_t *t, int rc, const char *what) {
 /* A plan for (profile, signature, budget): the stored one when there is one
  * for these bandwidths, else a new one. Sets t->plan/plan_id/reused, or
  * t->infeasible. Every plan gets a version above the session's last. */
+/* Plan for `budget`; when activations alone do not fit and the operator
+ * lets it (evict-persistent = auto), plan again swapping weights and
+ * optimizer state too, and keep whichever gets lower. */
+static int plan_with_fallback(task_t *t, const cap_profile_t *p,
+                              uint64_t budget, cap_plan_t **out) {
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, budget);
+  cfg.bw = t->bw;
+  cfg.evict_persistent = t->evict_persistent == CAP_EVICT_PERSISTENT_YES;
+  cap_plan_t *plan = NULL;
+  int rc = cap_plan_compute(p, t->planner, &cfg, &plan);
+  t->evicts_persistent = cfg.evict_persistent;
+  if (rc == CAP_EINFEASIBLE && !cfg.evict_persistent &&
+      t->evict_persistent == CAP_EVICT_PERSISTENT_AUTO) {
+    cap_plan_t *again = NULL;
+    cfg.evict_persistent = true;
+    int rc2 = cap_plan_compute(p, t->planner, &cfg, &again);
+    if (rc2 == 0 || (rc2 == CAP_EINFEASIBLE && again && plan &&
+                     again->predicted_peak_bytes < plan->predicted_peak_bytes)) {
+      cap_plan_destroy(plan);
+      plan = again;
+      rc = rc2;
+      t->evicts_persistent = true;
+    } else {
+      cap_plan_destroy(again);
+      if (rc2 != CAP_EINFEASIBLE) /* out of memory: report that */
+        rc = rc2;
+    }
+  }
+  *out = plan;
+  return rc;
+}
+
 static void find_or_compute(task_t *t, const cap_profile_t *p) {
   int64_t plan_id = 0;
   int rc = cap_store_plan_find(t->store, t->signature, t->budget, &t->bw,
@@ -142,12 +180,28 @@ static void find_or_compute(task_t *t, const cap_profile_t *p) {
     store_err(t, rc, "looking up stored plans");
     return;
   }
-  cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, t->budget);
-  cfg.bw = t->bw;
   cap_plan_t *plan = NULL;
   uint64_t t0 = cap__now_ns();
-  rc = cap_plan_compute(p, t->planner, &cfg, &plan);
+  /* Aim under the budget by the allocator's headroom first (fragmentation
+   * needs free space to live in); a budget only the full amount fits gets
+   * a plan for the full amount. */
+  uint64_t headroom = (uint64_t)((double)t->budget * t->headroom_pct / 100.0);
+  rc = plan_with_fallback(t, p, t->budget - headroom, &plan);
+  if (rc == CAP_EINFEASIBLE && headroom) {
+    cap_plan_t *full = NULL;
+    int rc2 = plan_with_fallback(t, p, t->budget, &full);
+    if (rc2 != CAP_EINFEASIBLE ||
+        (full && plan &&
+         full->predicted_peak_bytes < plan->predicted_peak_bytes)) {
+      cap_plan_destroy(plan);
+      plan = full;
+      rc = rc2;
+    } else {
+      cap_plan_destroy(full);
+    }
+  }
+  if (plan)
+    plan->budget_bytes = t->budget; /* the client's budget stays whole */
   t->plan_us = (cap__now_ns() - t0) / 1000;
   if (rc == CAP_EINFEASIBLE) {
     t->infeasible = true;
@@ -366,7 +420,11 @@ static void finish_plan(cap__session_t *s, task_t *t) {
       s->d->stats.plans_computed++;
     if (t->plan_us)
       cap__log(CAP_LOG_INFO, "session %" PRIu64 ": planned in %" PRIu64
-               " us", s->local_id, t->plan_us);
+               " us%s", s->local_id, t->plan_us,
+               t->evicts_persistent
+                   ? " (swapping persistent tensors too: activations alone "
+                     "do not fit)"
+                   : "");
     cap__session_install_plan(s, t->plan, t->plan_id);
     t->plan = NULL;
   } else if (t->planner_failed) {

@@ -23,6 +23,8 @@ static void usage(FILE *f) {
           "[--max-ops-per-iteration N]\n"
           "                 [--max-tensors N] [--planner NAME] "
           "[--bandwidth-tolerance X]\n"
+          "                 [--evict-persistent auto|yes|no] "
+          "[--alloc-headroom PCT]\n"
           "\n"
           "Defaults: socket $CAPUCHIN_SOCKET, else /run/capuchin/capuchind.sock "
           "as root\n"
@@ -38,7 +40,8 @@ static const char *const keys[] = {
     "socket", "db", "config", "gpu-memory", "allow-uid", "allow-gid",
     "log-level", "max-sessions", "log-file", "max-frame-bytes",
     "max-accesses-per-iteration", "max-ops-per-iteration", "max-tensors",
-    "planner", "bandwidth-tolerance", "stall-probe-ms", NULL};
+    "planner", "bandwidth-tolerance", "stall-probe-ms", "evict-persistent",
+    "alloc-headroom", NULL};
 
 int main(int argc, char **argv) {
   struct option opts[32];

@@ -18,6 +18,12 @@ typedef enum {
   CAP_LOG_DEBUG = 3,
 } cap_log_level_t;
 
+typedef enum {
+  CAP_EVICT_PERSISTENT_AUTO = 0,
+  CAP_EVICT_PERSISTENT_NO,
+  CAP_EVICT_PERSISTENT_YES,
+} cap_evict_persistent_t;
+
 typedef struct cap_daemon_config {
   char socket_path[108]; /* sun_path limit */
   char db_path[4096];
@@ -38,6 +44,12 @@ typedef struct cap_daemon_config {
   size_t max_pending_write_bytes; /* unsent output before a slow reader is cut */
   double bw_tolerance;        /* profile reuse: relative bandwidth match */
   char planner[32];           /* "capuchin" */
+  /* May plans evict params and optimizer state? CAP_EVICT_PERSISTENT_AUTO:
+   * only when no plan without it fits the budget. */
+  cap_evict_persistent_t evict_persistent;
+  /* Plans aim this many percent under the budget where they can, so that
+   * the client's allocator has free space to absorb fragmentation (4). */
+  double alloc_headroom_pct;
   uint32_t stall_probe_ms;    /* >0: measure loop stalls with a timer */
 } cap_daemon_config_t;
 

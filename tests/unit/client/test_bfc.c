@@ -270,6 +270,69 @@ static void test_fragmentation_failure(void) {
   cap_bfc_destroy(a);
 }
 
+/* Fragmentation relief: 8 chunks of 1 KiB, the odd ones free (4 KiB free,
+ * none bigger than 1 KiB). A 3 KiB request needs one in-use chunk freed
+ * between two free ones; a pinned chunk (not movable) bounds the run. */
+static const void *g_pinned;
+
+static const void *g_heavy; /* weight 10 instead of 1 */
+
+static uint32_t movable_except_pinned(void *ctx, const void *ptr) {
+  int *calls = ctx;
+  (*calls)++;
+  return ptr == g_pinned ? 0 : ptr == g_heavy ? 10 : 1;
+}
+
+static void test_find_window(void) {
+  fake_src f;
+  fake_init(&f);
+  cap_bfc_t *a = make(&f, 8192, 8192, 0);
+  REQUIRE(a);
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    REQUIRE(cap_bfc_alloc(a, 1024, &p[i]) == 0);
+  for (int i = 1; i < 8; i += 2)
+    CHECK_EQ(cap_bfc_free(a, p[i]), 0);
+  void *q, *out[8];
+  int calls = 0;
+  CHECK_EQ(cap_bfc_alloc(a, 3072, &q), CAP_EBUDGET);
+  /* a 1 KiB request fits as is: nothing to evict */
+  CHECK_EQ(cap_bfc_find_window(a, 1024, movable_except_pinned, &calls, out, 8), 0);
+  g_pinned = NULL;
+  int n = cap_bfc_find_window(a, 3072, movable_except_pinned, &calls, out, 8);
+  CHECK_EQ(n, 1);
+  CHECK(calls > 0);
+  /* p[2] (between free 1 and 3) is the first cheapest run */
+  CHECK_EQ(U(out[0]), U(p[2]));
+  /* with p[2] and p[4] pinned, the run must be p[5..7]: p[6] */
+  g_pinned = p[2];
+  n = cap_bfc_find_window(a, 3072, movable_except_pinned, &calls, out, 8);
+  CHECK_EQ(n, 1);
+  CHECK_EQ(U(out[0]), U(p[4]));
+  /* p[2] made ten times dearer: p[4] is the cheapest run now */
+  g_pinned = NULL;
+  g_heavy = p[2];
+  n = cap_bfc_find_window(a, 3072, movable_except_pinned, &calls, out, 8);
+  CHECK_EQ(n, 1);
+  CHECK_EQ(U(out[0]), U(p[4]));
+  g_heavy = NULL;
+  /* 5 KiB: three in-use chunks at least, fewer than max_out refused */
+  g_pinned = NULL;
+  n = cap_bfc_find_window(a, 5120, movable_except_pinned, &calls, out, 8);
+  CHECK_EQ(n, 2);
+  CHECK_EQ(cap_bfc_find_window(a, 5120, movable_except_pinned, &calls, out, 1),
+           CAP_ENOENT);
+  /* freeing the run makes the allocation succeed */
+  for (int i = 0; i < n; i++)
+    CHECK_EQ(cap_bfc_free(a, out[i]), 0);
+  CHECK_EQ(cap_bfc_alloc(a, 5120, &q), 0);
+  /* bigger than the arena: no run */
+  CHECK_EQ(cap_bfc_find_window(a, 16384, movable_except_pinned, &calls, out, 8),
+           CAP_ENOENT);
+  CHECK_EQ(cap_bfc_validate(a), 0);
+  cap_bfc_destroy(a);
+}
+
 static void test_growth_and_trim(void) {
   fake_src f;
   fake_init(&f);
@@ -551,6 +614,7 @@ int main(void) {
   RUN_TEST(test_split_threshold);
   RUN_TEST(test_budget);
   RUN_TEST(test_fragmentation_failure);
+  RUN_TEST(test_find_window);
   RUN_TEST(test_growth_and_trim);
   RUN_TEST(test_source_failure);
   RUN_TEST(test_faultsim_arena);

@@ -41,6 +41,23 @@ static void test_defaults_and_set(void) {
         CAP_ENOENT);
   CHECK(cap_daemon_config_set(&c, "gpu-memory", "80G", err, sizeof err) == 0);
   CHECK_EQ(c.gpu_memory_bytes, 80ull << 30);
+  CHECK_EQ(c.evict_persistent, CAP_EVICT_PERSISTENT_AUTO);
+  CHECK(cap_daemon_config_set(&c, "evict-persistent", "yes", err, sizeof err) == 0);
+  CHECK_EQ(c.evict_persistent, CAP_EVICT_PERSISTENT_YES);
+  CHECK(cap_daemon_config_set(&c, "evict-persistent", "no", err, sizeof err) == 0);
+  CHECK_EQ(c.evict_persistent, CAP_EVICT_PERSISTENT_NO);
+  CHECK(cap_daemon_config_set(&c, "evict-persistent", "maybe", err,
+                              sizeof err) == CAP_EINVAL);
+  CHECK(strstr(err, "auto, yes or no") != NULL);
+  CHECK(c.alloc_headroom_pct == 4.0);
+  CHECK(cap_daemon_config_set(&c, "alloc-headroom", "2.5%", err, sizeof err) == 0);
+  CHECK(c.alloc_headroom_pct == 2.5);
+  CHECK(cap_daemon_config_set(&c, "alloc-headroom", "0", err, sizeof err) == 0);
+  CHECK(c.alloc_headroom_pct == 0);
+  CHECK(cap_daemon_config_set(&c, "alloc-headroom", "60", err, sizeof err) ==
+        CAP_ERANGE);
+  CHECK(cap_daemon_config_set(&c, "alloc-headroom", "x%", err, sizeof err) ==
+        CAP_ERANGE);
 }
 
 static void test_config_file(void) {
