@@ -152,6 +152,7 @@ struct cap_daemon {
   cap_store_t *store;
   uv_pipe_t server;
   bool listening;
+  bool socket_inherited; /* from systemd (LISTEN_FDS): not ours to unlink */
   uv_signal_t sig_term, sig_int, sig_hup;
   bool signals;
   uv_timer_t probe;

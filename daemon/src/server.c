@@ -348,7 +348,8 @@ static void begin_stop(cap_daemon_t *d) {
   if (d->listening) {
     uv_close((uv_handle_t *)&d->server, close_cb_noop);
     d->listening = false;
-    unlink(d->cfg.socket_path);
+    if (!d->socket_inherited) /* systemd removes its own */
+      unlink(d->cfg.socket_path);
   }
   for (cap__session_t *s = d->sessions; s; s = s->next) {
     if (s->state == CAP__S_CLOSING)
@@ -503,6 +504,46 @@ static int mkdir_parent(const char *path) {
 
 /* A socket file left by a daemon that died: remove it when nobody answers;
  * refuse to start when another daemon is listening. */
+/* Socket activation (sd_listen_fds(3)'s protocol, no libsystemd): when
+ * LISTEN_PID is this process and LISTEN_FDS is 1, descriptor 3 is a
+ * listening Unix socket. Returns it, or -1. The variables are cleared so
+ * that children do not inherit them. */
+static int listen_fd_from_systemd(void) {
+  const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+  if (!pid || !fds)
+    return -1;
+  char *end;
+  long p = strtol(pid, &end, 10);
+  if (*end || p != (long)getpid())
+    return -1;
+  long n = strtol(fds, &end, 10);
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDS");
+  unsetenv("LISTEN_FDNAMES");
+  if (*end || n != 1) {
+    cap__log(CAP_LOG_WARN, "LISTEN_FDS=%s: expected exactly one socket; "
+             "binding the configured path instead", fds);
+    return -1;
+  }
+  struct sockaddr_un sa;
+  socklen_t len = sizeof sa;
+  int type = 0;
+  socklen_t tlen = sizeof type;
+  if (getsockname(3, (struct sockaddr *)&sa, &len) != 0 ||
+      sa.sun_family != AF_UNIX ||
+      getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0 ||
+      type != SOCK_STREAM) {
+    cap__log(CAP_LOG_WARN, "LISTEN_FDS: descriptor 3 is not a Unix stream "
+             "socket; binding the configured path instead");
+    return -1;
+  }
+  fcntl(3, F_SETFD, FD_CLOEXEC);
+  cap__log(CAP_LOG_INFO, "using the socket systemd passed (%s)",
+           len > sizeof(sa_family_t) && sa.sun_path[0] ? sa.sun_path
+                                                      : "unnamed");
+  return 3;
+}
+
 static int clear_stale_socket(const char *path, char *err, size_t err_len) {
   struct stat st;
   if (lstat(path, &st) != 0)
@@ -559,22 +600,35 @@ int cap_daemon_create(const cap_daemon_config_t *cfg,
   int rc = cap__daemon_init_core(d, d->loop, cfg, err, err_len);
   if (rc != 0)
     goto out_loop_rc;
-  if (mkdir_parent(cfg->socket_path) != 0) {
-    snprintf(err, err_len, "cannot create the folder of %s: %s",
-             cfg->socket_path, strerror(errno));
-    rc = CAP_EIO;
-    goto out_store;
+  int inherited = listen_fd_from_systemd();
+  int urc;
+  if (inherited >= 0) {
+    /* systemd made the socket (capuchind.socket): its unit owns the path
+     * and the mode, the daemon only listens on it. */
+    uv_pipe_init(d->loop, &d->server, 0);
+    d->server.data = d;
+    d->socket_inherited = true;
+    urc = uv_pipe_open(&d->server, inherited);
+    if (urc == 0)
+      urc = uv_listen((uv_stream_t *)&d->server, 128, on_connection);
+  } else {
+    if (mkdir_parent(cfg->socket_path) != 0) {
+      snprintf(err, err_len, "cannot create the folder of %s: %s",
+               cfg->socket_path, strerror(errno));
+      rc = CAP_EIO;
+      goto out_store;
+    }
+    if ((rc = clear_stale_socket(cfg->socket_path, err, err_len)) != 0)
+      goto out_store;
+    uv_pipe_init(d->loop, &d->server, 0);
+    d->server.data = d;
+    /* Created 0660 from the start: no window in which others may connect. */
+    mode_t old = umask(0117);
+    urc = uv_pipe_bind(&d->server, cfg->socket_path);
+    umask(old);
+    if (urc == 0)
+      urc = uv_listen((uv_stream_t *)&d->server, 128, on_connection);
   }
-  if ((rc = clear_stale_socket(cfg->socket_path, err, err_len)) != 0)
-    goto out_store;
-  uv_pipe_init(d->loop, &d->server, 0);
-  d->server.data = d;
-  /* Created 0660 from the start: no window in which others may connect. */
-  mode_t old = umask(0117);
-  int urc = uv_pipe_bind(&d->server, cfg->socket_path);
-  umask(old);
-  if (urc == 0)
-    urc = uv_listen((uv_stream_t *)&d->server, 128, on_connection);
   if (urc != 0) {
     snprintf(err, err_len, "cannot listen on %s: %s", cfg->socket_path,
              uv_strerror(urc));
@@ -583,7 +637,8 @@ int cap_daemon_create(const cap_daemon_config_t *cfg,
     rc = CAP_EIO;
     goto out_store;
   }
-  chmod(cfg->socket_path, 0660);
+  if (!d->socket_inherited)
+    chmod(cfg->socket_path, 0660);
   d->listening = true;
   uv_prepare_init(d->loop, &d->turn);
   d->turn.data = d;
