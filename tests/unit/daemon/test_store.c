@@ -391,7 +391,7 @@ static void check_plans_equal(const cap_plan_t *a, const cap_plan_t *b) {
         bad += x->prefetch_access != y->prefetch_access;
     } else {
       bad += x->n_recompute != y->n_recompute;
-      if (x->n_recompute == y->n_recompute)
+      if (x->n_recompute == y->n_recompute && x->n_recompute)
         bad += memcmp(cap_action_recompute_ops(a, x),
                       cap_action_recompute_ops(b, y),
                       x->n_recompute * sizeof(uint32_t)) != 0;
