@@ -355,6 +355,7 @@ typedef struct {
   const void *ptr;
   uint32_t id;
   uint32_t weight; /* 1 least recently used .. 16 most */
+  uint64_t lru;
 } dev_owner_t;
 
 static int owner_cmp(const void *a, const void *b) {
@@ -369,12 +370,12 @@ typedef struct {
 } owners_t;
 
 static const dev_owner_t *owner_of(const owners_t *o, const void *ptr) {
-  dev_owner_t key = {ptr, 0, 0};
+  dev_owner_t key = {ptr, 0, 0, 0};
   return bsearch(&key, o->v, o->n, sizeof *o->v, owner_cmp);
 }
 
 static int lru_cmp(const void *a, const void *b) {
-  uint64_t x = ((const dev_owner_t *)a)->weight, y = ((const dev_owner_t *)b)->weight;
+  uint64_t x = ((const dev_owner_t *)a)->lru, y = ((const dev_owner_t *)b)->lru;
   return x < y ? -1 : x > y;
 }
 
@@ -394,7 +395,7 @@ static bool evict_window(cap_client_t *c, uint64_t bytes) {
   for (uint32_t i = 0; i < c->n_tensors; i++) {
     const cap__tensor_t *t = &c->tensors[i];
     if (t->state == CAP__T_DEVICE && !t->pinned && t->dev)
-      o.v[o.n++] = (dev_owner_t){t->dev, i, (uint32_t)(t->lru > UINT32_MAX ? UINT32_MAX : t->lru)};
+      o.v[o.n++] = (dev_owner_t){t->dev, i, 0, t->lru};
   }
   /* recency rank -> weight 1..16 */
   qsort(o.v, o.n, sizeof *o.v, lru_cmp);

@@ -109,14 +109,15 @@ static void store_err(task_t *t, int rc, const char *what) {
  * lets it (evict-persistent = auto), plan again swapping weights and
  * optimizer state too, and keep whichever gets lower. */
 static int plan_with_fallback(task_t *t, const cap_profile_t *p,
-                              uint64_t budget, cap_plan_t **out) {
+                              uint64_t budget, cap_plan_t **out,
+                              bool *evicts_persistent) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, budget);
   cfg.bw = t->bw;
   cfg.evict_persistent = t->evict_persistent == CAP_EVICT_PERSISTENT_YES;
   cap_plan_t *plan = NULL;
   int rc = cap_plan_compute(p, t->planner, &cfg, &plan);
-  t->evicts_persistent = cfg.evict_persistent;
+  *evicts_persistent = cfg.evict_persistent;
   if (rc == CAP_EINFEASIBLE && !cfg.evict_persistent &&
       t->evict_persistent == CAP_EVICT_PERSISTENT_AUTO) {
     cap_plan_t *again = NULL;
@@ -127,7 +128,7 @@ static int plan_with_fallback(task_t *t, const cap_profile_t *p,
       cap_plan_destroy(plan);
       plan = again;
       rc = rc2;
-      t->evicts_persistent = true;
+      *evicts_persistent = true;
     } else {
       cap_plan_destroy(again);
       if (rc2 != CAP_EINFEASIBLE) /* out of memory: report that */
@@ -186,16 +187,19 @@ static void find_or_compute(task_t *t, const cap_profile_t *p) {
    * needs free space to live in); a budget only the full amount fits gets
    * a plan for the full amount. */
   uint64_t headroom = (uint64_t)((double)t->budget * t->headroom_pct / 100.0);
-  rc = plan_with_fallback(t, p, t->budget - headroom, &plan);
+  rc = plan_with_fallback(t, p, t->budget - headroom, &plan,
+                          &t->evicts_persistent);
   if (rc == CAP_EINFEASIBLE && headroom) {
     cap_plan_t *full = NULL;
-    int rc2 = plan_with_fallback(t, p, t->budget, &full);
+    bool evicts = false;
+    int rc2 = plan_with_fallback(t, p, t->budget, &full, &evicts);
     if (rc2 != CAP_EINFEASIBLE ||
         (full && plan &&
          full->predicted_peak_bytes < plan->predicted_peak_bytes)) {
       cap_plan_destroy(plan);
       plan = full;
       rc = rc2;
+      t->evicts_persistent = evicts;
     } else {
       cap_plan_destroy(full);
     }
