@@ -32,6 +32,23 @@ static bool same_plan(const cap_plan_t *a, const cap_plan_t *b) {
   return true;
 }
 
+/* Write plan as JSON to memory and read it back into *back. */
+static int json_round_trip(const cap_plan_t *plan, const char *trace,
+                           cap_plan_t **back, char *err, size_t err_len) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return CAP_ENOMEM;
+  int rc = cap_plan_write_json(f, plan, trace);
+  if (fclose(f) != 0 && rc == 0)
+    rc = CAP_EIO;
+  if (rc == 0)
+    rc = cap_plan_read_json(buf, len, back, err, err_len);
+  free(buf);
+  return rc;
+}
+
 static void test_round_trip_all_planners(void) {
   char err[512];
   cap_profile_t *p = NULL;
@@ -45,14 +62,8 @@ static void test_round_trip_all_planners(void) {
     CHECK(rc == 0 || rc == CAP_EINFEASIBLE);
     if (!plan)
       continue;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    REQUIRE(f);
-    CHECK_EQ(cap_plan_write_json(f, plan, "resnet50.trace"), 0);
-    fclose(f);
     cap_plan_t *back = NULL;
-    rc = cap_plan_read_json(buf, len, &back, err, sizeof err);
+    rc = json_round_trip(plan, "resnet50.trace", &back, err, sizeof err);
     if (rc)
       fprintf(stderr, "%s: %s\n", cap_planner_names[i], err);
     CHECK_EQ(rc, 0);
@@ -66,7 +77,6 @@ static void test_round_trip_all_planners(void) {
     }
     cap_plan_destroy(back);
     cap_plan_destroy(plan);
-    free(buf);
   }
   cap_profile_destroy(p);
 }
@@ -103,17 +113,10 @@ static void test_minimal_and_escapes(void) {
   CHECK(cap_action_is_release(&plan->actions[3]));
   CHECK(!cap_action_is_release(&plan->actions[0]));
   /* written back, a release reads the same */
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  REQUIRE(f);
-  CHECK_EQ(cap_plan_write_json(f, plan, "a"), 0);
-  fclose(f);
   cap_plan_t *again = NULL;
-  CHECK_EQ(cap_plan_read_json(buf, len, &again, err, sizeof err), 0);
+  CHECK_EQ(json_round_trip(plan, "a", &again, err, sizeof err), 0);
   CHECK(again && same_plan(plan, again));
   cap_plan_destroy(again);
-  free(buf);
   cap_plan_destroy(plan);
 }
 
