@@ -243,7 +243,7 @@ static bool evictable_kind(const cap__ctx_t *c, const cap_tensor_t *t) {
  * persistent tensor never qualifies: the next iteration needs its value. */
 static bool releasable(const cap__ctx_t *c, uint32_t x) {
   const cap_tensor_t *t = &c->p->tensors[x];
-  if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0 || t->n_accesses == 0)
+  if (cap_tensor_is_resident(t) || t->n_accesses == 0)
     return false;
   uint32_t last = c->p->access_ops[t->access_off + t->n_accesses - 1];
   return c->live_end[x] > last + 1;

@@ -192,7 +192,7 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
                 i, a->tensor, a->evict_after_access, t->n_accesses);
       goto out_free;
     }
-    if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0) {
+    if (cap_tensor_is_resident(t)) {
       rc = fail(err, err_len,
                 "action %u (tensor %u): release of a tensor that outlives the "
                 "iteration",

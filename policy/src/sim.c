@@ -537,7 +537,7 @@ static int prepare(sim_t *s) {
         tkey[i] = op;
       }
     } else if (release) {
-      if (t->kind != CAP_KIND_ACTIVATION || t->free_ns < 0) {
+      if (cap_tensor_is_resident(t)) {
         rc = CAP_EINVAL; /* its value is needed by the next iteration */
         goto out;
       }
