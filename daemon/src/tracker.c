@@ -367,8 +367,10 @@ int cap__tracker_end(cap__tracker_t *t, uint64_t iteration,
       t->last_ended = iteration;
       return CAP_ENOMEM;
     }
-    memcpy(out->t_bytes, t->t_bytes, t->n_tensors * sizeof(uint64_t));
-    memcpy(out->t_kind, t->t_kind, t->n_tensors);
+    if (t->n_tensors) { /* ops may name no tensor: nothing declared yet */
+      memcpy(out->t_bytes, t->t_bytes, t->n_tensors * sizeof(uint64_t));
+      memcpy(out->t_kind, t->t_kind, t->n_tensors);
+    }
   }
   reset_iteration(t);
   t->last_ended = iteration;
@@ -401,7 +403,8 @@ int cap__iter_records_build(cap__iter_records_t *r, const char *const *meta,
                                  ten + o->n_in, o->n_out)))
       goto out_error;
   }
-  qsort(r->frees, r->n_frees, sizeof *r->frees, cmp_free);
+  if (r->n_frees > 1) /* an iteration may free nothing: frees is NULL */
+    qsort(r->frees, r->n_frees, sizeof *r->frees, cmp_free);
   for (uint32_t i = 0; i < r->n_frees; i++)
     if ((rc = cap_profile_add_free(p, r->frees[i].t_ns, r->frees[i].tensor)))
       goto out_error;

@@ -164,7 +164,8 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     }
   }
 
-  qsort(c->list.v, c->list.n, sizeof *c->list.v, cmp_u32);
+  if (c->list.n > 1)
+    qsort(c->list.v, c->list.n, sizeof *c->list.v, cmp_u32);
   int64_t cost = 0, extra = 0;
   for (uint32_t i = 0; i < c->list.n; i++) {
     const cap_op_t *op = &p->ops[c->list.v[i]];
