@@ -59,26 +59,6 @@ uint32_t cap__last_writer(const cap_profile_t *p, uint32_t t, uint32_t op) {
   return CAP_NONE;
 }
 
-/* Is x written in place by an op in [from, to)? */
-static bool inplace_between(const cap_profile_t *p, uint32_t x, uint32_t from,
-                            uint32_t to) {
-  const cap_tensor_t *ct = &p->tensors[x];
-  const uint32_t *acc = p->access_ops + ct->access_off;
-  uint32_t lo = 0, hi = ct->n_accesses;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (acc[mid] < from)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  for (uint32_t i = lo; i < ct->n_accesses && acc[i] < to; i++)
-    if ((p->ops[acc[i]].flags & CAP_OP_INPLACE) &&
-        lists(cap_op_outputs(p, &p->ops[acc[i]]), p->ops[acc[i]].n_out, x))
-      return true;
-  return false;
-}
-
 void cap__lineage_close(cap__lineage_t *l) {
   if (!l)
     return;
@@ -147,7 +127,7 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
       const cap_tensor_t *xt = &p->tensors[x];
       bool ok = !(gone && gone[x]) &&
                 (cap_tensor_is_resident(xt) || xt->free_ns >= back_start) &&
-                !inplace_between(p, x, s, back_op);
+                !cap_profile_written_in_place(p, x, s, back_op);
       if (ok)
         continue;
       if (xt->producer_op == CAP_NONE || xt->producer_op >= s)

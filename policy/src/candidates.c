@@ -159,21 +159,6 @@ uint32_t cap__op_at_or_before(const cap__ctx_t *c, int64_t t, uint32_t limit) {
 }
 
 
-/* Index (0-based) of the first access of x with op >= op. */
-static uint32_t access_lower(const cap_profile_t *p, uint32_t x, uint32_t op) {
-  const cap_tensor_t *t = &p->tensors[x];
-  const uint32_t *acc = p->access_ops + t->access_off;
-  uint32_t lo = 0, hi = t->n_accesses;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (acc[mid] < op)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b) {
   const cap_profile_t *p = c->p;
   const cap_tensor_t *t = &p->tensors[x];
@@ -182,7 +167,7 @@ bool cap__resident_at(const cap__ctx_t *c, uint32_t x, uint32_t b) {
   if (p->access_ops[t->access_off] >= b || c->live_end[x] <= b)
     return false;
   /* the gap containing b: accesses i-1 (< b) and i (>= b) */
-  uint32_t i = access_lower(p, x, b);
+  uint32_t i = cap_profile_accesses_before(p, x, b);
   if (i == 0)
     return true;
   /* after the last access (i == n_accesses): live until its free unless
@@ -196,7 +181,7 @@ uint32_t cap__evicting_choice(const cap__ctx_t *c, uint32_t x, uint32_t b) {
   if (t->n_accesses == 0 || p->access_ops[t->access_off] >= b ||
       c->live_end[x] <= b)
     return CAP_NONE;
-  uint32_t i = access_lower(p, x, b);
+  uint32_t i = cap_profile_accesses_before(p, x, b);
   if (i == 0 || c->gap_state[t->access_off + i - 1] == GAP_FREE)
     return CAP_NONE;
   return c->slot_choice[t->access_off + i - 1];

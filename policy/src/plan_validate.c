@@ -29,26 +29,6 @@ static bool op_lists_output(const cap_profile_t *p, uint32_t op, uint32_t t) {
   return false;
 }
 
-/* Is tensor x written in place by an op with seq in [from, to)? */
-static bool written_in_place(const cap_profile_t *p, uint32_t x, uint32_t from,
-                             uint32_t to) {
-  const cap_tensor_t *t = &p->tensors[x];
-  const uint32_t *acc = p->access_ops + t->access_off;
-  /* First access at or after `from`, by binary search. */
-  uint32_t lo = 0, hi = t->n_accesses;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (acc[mid] < from)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  for (uint32_t i = lo; i < t->n_accesses && acc[i] < to; i++)
-    if ((p->ops[acc[i]].flags & CAP_OP_INPLACE) && op_lists_output(p, acc[i], x))
-      return true;
-  return false;
-}
-
 typedef struct {
   uint32_t tensor, access, index;
 } key_t_;
@@ -136,7 +116,7 @@ static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                     "action %u (tensor %u): recompute op %u reads tensor %u, "
                     "which the plan releases after op %u",
                     ai, a->tensor, ops[i], in[j], released_at[in[j]]);
-      if (written_in_place(p, in[j], ops[i], back_op))
+      if (cap_profile_written_in_place(p, in[j], ops[i], back_op))
         return fail(err, err_len,
                     "action %u (tensor %u): recompute op %u reads tensor %u, "
                     "which is modified in place before the back-access",

@@ -637,8 +637,8 @@ uint32_t cap_profile_access_op(const cap_profile_t *p, uint32_t t,
   return p->access_ops[p->tensors[t].access_off + k - 1];
 }
 
-uint32_t cap_profile_access_index(const cap_profile_t *p, uint32_t t,
-                                  uint32_t op) {
+uint32_t cap_profile_accesses_before(const cap_profile_t *p, uint32_t t,
+                                     uint32_t op) {
   if (!p || !p->finished || t >= p->n_tensors)
     return 0;
   const uint32_t *a = p->access_ops + p->tensors[t].access_off;
@@ -650,7 +650,34 @@ uint32_t cap_profile_access_index(const cap_profile_t *p, uint32_t t,
     else
       hi = mid;
   }
-  return lo < p->tensors[t].n_accesses && a[lo] == op ? lo + 1 : 0;
+  return lo;
+}
+
+uint32_t cap_profile_access_index(const cap_profile_t *p, uint32_t t,
+                                  uint32_t op) {
+  uint32_t i = cap_profile_accesses_before(p, t, op);
+  if (!p || t >= p->n_tensors || i >= p->tensors[t].n_accesses)
+    return 0;
+  return p->access_ops[p->tensors[t].access_off + i] == op ? i + 1 : 0;
+}
+
+bool cap_profile_written_in_place(const cap_profile_t *p, uint32_t t,
+                                  uint32_t from, uint32_t to) {
+  if (!p || !p->finished || t >= p->n_tensors)
+    return false;
+  const cap_tensor_t *ct = &p->tensors[t];
+  const uint32_t *a = p->access_ops + ct->access_off;
+  for (uint32_t i = cap_profile_accesses_before(p, t, from);
+       i < ct->n_accesses && a[i] < to; i++) {
+    const cap_op_t *o = &p->ops[a[i]];
+    if (!(o->flags & CAP_OP_INPLACE))
+      continue;
+    const uint32_t *out = cap_op_outputs(p, o);
+    for (uint32_t j = 0; j < o->n_out; j++)
+      if (out[j] == t)
+        return true;
+  }
+  return false;
 }
 
 uint32_t cap_profile_multi_access_tensors(const cap_profile_t *p) {

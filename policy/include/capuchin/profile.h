@@ -160,6 +160,13 @@ uint32_t cap_profile_access_op(const cap_profile_t *p, uint32_t t, uint32_t k);
 /* Which access of tensor t op seq is (1-based), 0 if op does not access t. */
 uint32_t cap_profile_access_index(const cap_profile_t *p, uint32_t t,
                                   uint32_t op);
+/* How many accesses of tensor t come before op seq: the 0-based index of
+ * its first access at or after op (n_accesses when there is none). */
+uint32_t cap_profile_accesses_before(const cap_profile_t *p, uint32_t t,
+                                     uint32_t op);
+/* Whether an in-place op with seq in [from, to) writes tensor t. */
+bool cap_profile_written_in_place(const cap_profile_t *p, uint32_t t,
+                                  uint32_t from, uint32_t to);
 /* Bytes the model needs on top of persistent_bytes at its peak (activation
  * peak of the memory curve); the base for "N %" budgets. */
 uint64_t cap_profile_transient_peak(const cap_profile_t *p);

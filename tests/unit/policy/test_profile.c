@@ -65,6 +65,17 @@ static void test_builder_derives(void) {
   CHECK_EQ(cap_profile_access_index(p, 2, 3), 4);
   CHECK_EQ(cap_profile_access_index(p, 2, 4), 0);
   CHECK_EQ(cap_profile_access_index(p, 3, 4), 2);
+  CHECK_EQ(cap_profile_accesses_before(p, 2, 0), 0);
+  CHECK_EQ(cap_profile_accesses_before(p, 2, 2), 2);
+  CHECK_EQ(cap_profile_accesses_before(p, 2, 4), 4); /* none left */
+  CHECK_EQ(cap_profile_accesses_before(p, 3, 4), 1);
+  /* a is written in place by relu_ (op 1) only: the view (op 2) is not. */
+  CHECK(cap_profile_written_in_place(p, 2, 0, 2));
+  CHECK(cap_profile_written_in_place(p, 2, 1, 2));
+  CHECK(!cap_profile_written_in_place(p, 2, 0, 1));
+  CHECK(!cap_profile_written_in_place(p, 2, 2, 5));
+  CHECK(!cap_profile_written_in_place(p, 3, 0, 5));
+  CHECK(!cap_profile_written_in_place(p, 99, 0, 5));
   CHECK_EQ(p->n_accesses, 1 + 1 + 4 + 2);
   CHECK_EQ(cap_profile_multi_access_tensors(p), 2);
   /* Lineage and flags. */
