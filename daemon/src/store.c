@@ -221,6 +221,25 @@ static void tx_rollback(cap_store_t *s) {
   memcpy(last_error, saved, sizeof saved);
 }
 
+/* The statement for a write of one row on its own: SQLite runs a lone
+ * statement in autocommit as one transaction, so it needs no BEGIN/COMMIT. */
+static int single_write(cap_store_t *s, int which, const char *what,
+                        sqlite3_stmt **out) {
+  if (s->readonly)
+    return cap__store_fail(CAP_EPERM, "%s: store opened read-only", s->path);
+  *out = stmt(s, which);
+  return *out ? 0 : sql_fail(s, what);
+}
+
+/* Run a bound single_write() INSERT; its rowid into *id when id is set. */
+static int insert_row(cap_store_t *s, sqlite3_stmt *st, const char *what,
+                      int64_t *id) {
+  int rc = exec_stmt(s, st, what);
+  if (rc == 0 && id)
+    *id = sqlite3_last_insert_rowid(s->db);
+  return rc;
+}
+
 static void bind_opt_id(sqlite3_stmt *st, int col, int64_t id) {
   if (id > 0)
     sqlite3_bind_int64(st, col, id);
@@ -525,13 +544,10 @@ static int job_begin(cap_store_t *s, const cap_store_job_t *j, int64_t *id) {
   if ((rc = check_bytes(j->device_total_bytes, "device_total_bytes")) ||
       (rc = check_bytes(j->requested_budget_bytes, "requested_budget_bytes")))
     return rc;
-  if ((rc = tx_begin(s)) != 0)
+  sqlite3_stmt *st;
+  rc = single_write(s, S_JOB_INSERT, "job begin", &st);
+  if (rc)
     return rc;
-  sqlite3_stmt *st = stmt(s, S_JOB_INSERT);
-  if (!st) {
-    rc = sql_fail(s, "job begin");
-    goto out_rollback;
-  }
   sqlite3_bind_text(st, 1, j->name ? j->name : "", -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(st, 2, j->hostname ? j->hostname : "", -1,
                     SQLITE_TRANSIENT);
@@ -543,17 +559,7 @@ static int job_begin(cap_store_t *s, const cap_store_job_t *j, int64_t *id) {
   sqlite3_bind_int64(st, 8, u64(j->requested_budget_bytes));
   sqlite3_bind_int64(st, 9, u64(j->hello_signature));
   sqlite3_bind_int64(st, 10, now_ms());
-  if ((rc = exec_stmt(s, st, "job begin")) != 0)
-    goto out_rollback;
-  int64_t rowid = sqlite3_last_insert_rowid(s->db);
-  if ((rc = tx_commit(s)) != 0)
-    return rc;
-  if (id)
-    *id = rowid;
-  return 0;
-out_rollback:
-  tx_rollback(s);
-  return rc;
+  return insert_row(s, st, "job begin", id);
 }
 
 int cap_store_job_begin(cap_store_t *s, const cap_store_job_t *job,
@@ -563,17 +569,14 @@ int cap_store_job_begin(cap_store_t *s, const cap_store_job_t *job,
   LOCKED(s, job_begin(s, job, job_id));
 }
 
-/* One UPDATE by id as its own transaction; CAP_ENOENT if no row matched. */
+/* One UPDATE by id (a lone statement: its own transaction); CAP_ENOENT if
+ * no row matched. */
 static int update_one(cap_store_t *s, int which, int64_t id, int64_t a,
                       const char *text, bool a_is_text, const char *what) {
-  int rc;
-  if ((rc = tx_begin(s)) != 0)
+  sqlite3_stmt *st;
+  int rc = single_write(s, which, what, &st);
+  if (rc)
     return rc;
-  sqlite3_stmt *st = stmt(s, which);
-  if (!st) {
-    rc = sql_fail(s, what);
-    goto out_rollback;
-  }
   sqlite3_bind_int64(st, 1, id);
   if (a_is_text) {
     sqlite3_bind_int64(st, 2, now_ms());
@@ -581,15 +584,9 @@ static int update_one(cap_store_t *s, int which, int64_t id, int64_t a,
   } else {
     sqlite3_bind_int64(st, 2, a);
   }
-  if ((rc = exec_stmt(s, st, what)) != 0)
-    goto out_rollback;
-  if (sqlite3_changes(s->db) != 1) {
+  rc = exec_stmt(s, st, what);
+  if (rc == 0 && sqlite3_changes(s->db) != 1)
     rc = cap__store_fail(CAP_ENOENT, "%s: no id %lld", what, (long long)id);
-    goto out_rollback;
-  }
-  return tx_commit(s);
-out_rollback:
-  tx_rollback(s);
   return rc;
 }
 
@@ -613,30 +610,16 @@ int cap_store_job_end(cap_store_t *s, int64_t job_id, const char *status) {
 
 static int session_begin(cap_store_t *s, int64_t job_id, uint32_t pid,
                          uint32_t uid, uint32_t gid, int64_t *id) {
-  int rc;
-  if ((rc = tx_begin(s)) != 0)
+  sqlite3_stmt *st;
+  int rc = single_write(s, S_SESSION_INSERT, "session begin", &st);
+  if (rc)
     return rc;
-  sqlite3_stmt *st = stmt(s, S_SESSION_INSERT);
-  if (!st) {
-    rc = sql_fail(s, "session begin");
-    goto out_rollback;
-  }
   bind_opt_id(st, 1, job_id);
   sqlite3_bind_int64(st, 2, pid);
   sqlite3_bind_int64(st, 3, uid);
   sqlite3_bind_int64(st, 4, gid);
   sqlite3_bind_int64(st, 5, now_ms());
-  if ((rc = exec_stmt(s, st, "session begin")) != 0)
-    goto out_rollback;
-  int64_t rowid = sqlite3_last_insert_rowid(s->db);
-  if ((rc = tx_commit(s)) != 0)
-    return rc;
-  if (id)
-    *id = rowid;
-  return 0;
-out_rollback:
-  tx_rollback(s);
-  return rc;
+  return insert_row(s, st, "session begin", id);
 }
 
 int cap_store_session_begin(cap_store_t *s, int64_t job_id, uint32_t pid,
@@ -1349,13 +1332,10 @@ static int iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
       (rc = check_bytes(it->swap_in_bytes, "swap_in_bytes")) ||
       (rc = check_bytes(it->iteration, "iteration")))
     return rc;
-  if ((rc = tx_begin(s)) != 0)
+  sqlite3_stmt *st;
+  rc = single_write(s, S_ITER_INSERT, "iteration put", &st);
+  if (rc)
     return rc;
-  sqlite3_stmt *st = stmt(s, S_ITER_INSERT);
-  if (!st) {
-    rc = sql_fail(s, "iteration put");
-    goto out_rollback;
-  }
   sqlite3_bind_int64(st, 1, it->job_id);
   bind_opt_id(st, 2, it->session_id);
   bind_opt_id(st, 3, it->plan_id);
@@ -1369,17 +1349,7 @@ static int iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
   sqlite3_bind_int64(st, 11, (sqlite3_int64)it->swap_in_bytes);
   sqlite3_bind_int64(st, 12, it->recompute_ns);
   sqlite3_bind_int64(st, 13, now_ms());
-  if ((rc = exec_stmt(s, st, "iteration put")) != 0)
-    goto out_rollback;
-  int64_t id = sqlite3_last_insert_rowid(s->db);
-  if ((rc = tx_commit(s)) != 0)
-    return rc;
-  if (out_id)
-    *out_id = id;
-  return 0;
-out_rollback:
-  tx_rollback(s);
-  return rc;
+  return insert_row(s, st, "iteration put", out_id);
 }
 
 int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
