@@ -381,8 +381,12 @@ static void work_cb(uv_work_t *req) {
     find_or_compute(t, t->profile);
     return;
   case CAP__W_REFINE: {
+    /* Earlier prefetches may use the budget up to where plans aim (the
+     * allocator's headroom stays free), not beyond. */
+    uint64_t budget = t->plan_in->budget_bytes;
     cap_plan_config_t cfg;
-    cap_plan_config_init(&cfg, t->plan_in->budget_bytes);
+    cap_plan_config_init(
+        &cfg, budget - (uint64_t)((double)budget * t->headroom_pct / 100.0));
     cfg.bw = t->bw;
     uint64_t t0 = cap__now_ns();
     rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);

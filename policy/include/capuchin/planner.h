@@ -48,8 +48,11 @@ typedef struct cap_feedback {
 } cap_feedback_t;
 
 /* Move the in-triggers of late prefetches earlier (Capuchin's feedback) and
- * bump plan->version. Returns 0, or CAP_EINVAL for feedback that names no
- * swap action of the plan. */
+ * bump plan->version. A move is kept only where the simulated plan stays
+ * within cfg->budget_bytes (or within its own peak, if that is higher);
+ * the plan's predictions become those of the refined plan. Returns 0;
+ * CAP_EINVAL, with the plan untouched, for feedback that names no swap
+ * action of the plan; CAP_ENOMEM. */
 int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_feedback_t *fb, uint32_t n_fb,
                     const cap_plan_config_t *cfg);
