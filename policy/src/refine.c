@@ -40,11 +40,14 @@ static int find_swap(const cap_plan_t *plan, const cap_feedback_t *f) {
 static bool earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                             int64_t stall_ns, int64_t step_ns, uint32_t *tt,
                             uint32_t *ta) {
-  uint32_t evict_op = cap_profile_access_op(p, a->tensor, a->evict_after_access);
-  uint32_t back_op = cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  uint32_t evict_op =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access);
+  uint32_t back_op =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
   uint32_t cur = back_op;
   if (a->prefetch_tensor != CAP_NONE) {
-    uint32_t t = cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access);
+    uint32_t t =
+        cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access);
     if (t != CAP_NONE && t > evict_op && t <= back_op)
       cur = t;
   }
@@ -128,8 +131,9 @@ int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     uint32_t ai = (uint32_t)find_swap(plan, &fb[i]);
     const cap_action_t *a = &plan->actions[ai];
-    move_t m = {ai, fb[i].stall_ns, a->prefetch_tensor, a->prefetch_access,
-                CAP_NONE, 0};
+    move_t m = {
+        ai, fb[i].stall_ns, a->prefetch_tensor, a->prefetch_access, CAP_NONE,
+        0};
     if (earlier_trigger(p, a, fb[i].stall_ns, step, &m.new_tensor,
                         &m.new_access) &&
         (m.new_tensor != m.old_tensor || m.new_access != m.old_access))
