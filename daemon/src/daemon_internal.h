@@ -188,6 +188,7 @@ typedef enum {
 } cap__work_kind_t;
 
 #define CAP__PLAN_HISTORY 8
+#define CAP__JUDGE_ITERATIONS 2
 
 struct cap__session {
   cap_daemon_t *d;
@@ -241,6 +242,15 @@ struct cap__session {
   uint32_t pending_fb_version;
   uint32_t refs; /* tasks holding the session */
   bool ended;    /* job end recorded */
+
+  /* Feedback as an experiment: the plan the one in force was refined
+   * from, until the refined one has run CAP__JUDGE_ITERATIONS guided
+   * iterations and proved at least as fast (session.c, judge_refinement). */
+  cap_plan_t *plan_before;
+  int64_t best_ns_before; /* fastest guided iteration under plan_before */
+  int64_t best_ns;        /* fastest guided iteration under plan */
+  uint32_t n_guided;      /* guided iterations measured under plan */
+  bool refine_off;        /* a refinement lost: no more for this session */
 };
 
 /* Create a session for a peer (credentials already authorised). */
@@ -278,6 +288,8 @@ void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
                         int64_t iter_ns, uint64_t peak_bytes);
 void cap__work_replan(cap__session_t *s);
 void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
+/* Store `plan` (taken) as the session's next version and push it. */
+void cap__work_restore(cap__session_t *s, cap_plan_t *plan);
 /* Fire-and-forget store writes (do not hold the session). */
 void cap__work_store_iteration(cap_daemon_t *d,
                                const cap_store_iteration_t *it);

@@ -52,6 +52,7 @@ typedef struct task {
   cap_feedback_t *fb;
   uint32_t n_fb;
   cap_plan_t *plan_in; /* refine: a clone of the plan in force */
+  bool restore;        /* refine: store plan_in as it is, no feedback */
   /* outputs */
   int rc;
   char err[512];
@@ -60,6 +61,7 @@ typedef struct task {
   int64_t plan_id;
   bool reused;
   bool infeasible;
+  bool unchanged;     /* refine: no trigger could move within the budget */
   int planner_failed; /* CAP_E* from the planner, 0 if it worked */
   uint64_t best_peak;
   uint64_t plan_us;
@@ -388,8 +390,11 @@ static void work_cb(uv_work_t *req) {
     cap_plan_config_init(
         &cfg, budget - (uint64_t)((double)budget * t->headroom_pct / 100.0));
     cfg.bw = t->bw;
+    uint32_t version_in = t->plan_in->version;
     uint64_t t0 = cap__now_ns();
-    rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
+    rc = t->restore
+             ? 0
+             : cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
     t->plan_us = (cap__now_ns() - t0) / 1000;
     if (rc && rc != CAP_EINVAL) {
       t->planner_failed = rc;
@@ -401,6 +406,10 @@ static void work_cb(uv_work_t *req) {
                "feedback: %s (it must name back-accesses of swapped tensors "
                "of the plan in force)",
                cap_strerror(rc));
+      return;
+    }
+    if (!t->restore && t->plan_in->version == version_in) {
+      t->unchanged = true; /* no earlier trigger fits: nothing to push */
       return;
     }
     if (t->plan_in->version <= t->base_version)
@@ -433,8 +442,23 @@ static void finish_plan(cap__session_t *s, task_t *t) {
                    ? " (swapping persistent tensors too: activations alone "
                      "do not fit)"
                    : "");
+    bool refined = t->kind == CAP__W_REFINE && !t->restore;
+    cap_plan_t *from = refined ? s->plan : NULL;
+    int64_t from_best = s->best_ns;
+    if (refined)
+      s->plan = NULL; /* kept, not destroyed, by the install */
     cap__session_install_plan(s, t->plan, t->plan_id);
     t->plan = NULL;
+    if (from) {
+      s->plan_before = from;
+      s->best_ns_before = from_best;
+    }
+  } else if (t->unchanged) {
+    cap__log(CAP_LOG_DEBUG,
+             "session %" PRIu64 ": feedback on %" PRIu32 " late prefetches: "
+             "no in-trigger can move earlier within the budget; plan v%" PRIu32
+             " stays (%" PRIu64 " us)",
+             s->local_id, t->n_fb, s->plan ? s->plan->version : 0, t->plan_us);
   } else if (t->planner_failed) {
     cap__log(CAP_LOG_ERROR,
              "session %" PRIu64 " (job '%s'): planner '%s' failed: %s; the "
@@ -619,6 +643,18 @@ void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
   }
   t->fb = fb;
   t->n_fb = n;
+  submit(s, t);
+}
+
+void cap__work_restore(cap__session_t *s, cap_plan_t *plan) {
+  task_t *t = task_new(s, CAP__W_REFINE);
+  if (!t) {
+    cap_plan_destroy(plan);
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  t->plan_in = plan;
+  t->restore = true;
   submit(s, t);
 }
 

@@ -79,6 +79,7 @@ static void session_free(cap__session_t *s) {
   cap__tracker_close(&s->tracker);
   cap_profile_destroy(s->profile);
   cap_plan_destroy(s->plan);
+  cap_plan_destroy(s->plan_before);
   free(s->pending_fb);
   free(s);
 }
@@ -180,6 +181,13 @@ void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
   cap_plan_destroy(s->plan);
   s->plan = plan;
   s->plan_id = plan_id;
+  /* A new plan starts its measurements afresh; one that did not come from
+   * a refinement ends any trial (finish_plan sets plan_before after). */
+  cap_plan_destroy(s->plan_before);
+  s->plan_before = NULL;
+  s->best_ns_before = 0;
+  s->best_ns = 0;
+  s->n_guided = 0;
   s->history[s->n_history % CAP__PLAN_HISTORY].version = plan->version;
   s->history[s->n_history % CAP__PLAN_HISTORY].plan_id = plan_id;
   s->n_history++;
@@ -213,7 +221,8 @@ void cap__session_kick(cap__session_t *s) {
       s->want_replan = false;
       cap__work_replan(s);
     } else if (s->n_pending_fb && s->plan &&
-               s->pending_fb_version == s->plan->version) {
+               s->pending_fb_version == s->plan->version && !s->plan_before &&
+               !s->refine_off) {
       cap_feedback_t *fb = s->pending_fb;
       uint32_t n = s->n_pending_fb;
       s->pending_fb = NULL;
@@ -281,6 +290,46 @@ static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
   cap__work_hello(s);
 }
 
+/* Capuchin's feedback moves prefetches earlier, and an earlier prefetch
+ * holds device memory longer; what that costs on the client (fragmentation,
+ * on-demand evictions) the simulator does not see. So a refined plan is a
+ * trial: after CAP__JUDGE_ITERATIONS guided iterations its fastest must be
+ * at least as fast as the fastest under the plan it came from, or that plan
+ * is restored (as a new version) and this session refines no more. */
+static void judge_refinement(cap__session_t *s, int64_t iter_ns) {
+  if (iter_ns <= 0)
+    return;
+  if (!s->best_ns || iter_ns < s->best_ns)
+    s->best_ns = iter_ns;
+  s->n_guided++;
+  if (!s->plan_before || s->n_guided < CAP__JUDGE_ITERATIONS)
+    return;
+  cap_plan_t *before = s->plan_before;
+  s->plan_before = NULL;
+  char w[320];
+  if (!s->best_ns_before || s->best_ns <= s->best_ns_before) {
+    cap__log(CAP_LOG_INFO,
+             "%s: refined plan v%" PRIu32 " kept: %.3f ms at best against "
+             "%.3f ms under v%" PRIu32,
+             who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
+             (double)s->best_ns_before / 1e6, before->version);
+    cap_plan_destroy(before);
+    return;
+  }
+  cap__log(CAP_LOG_INFO,
+           "%s: refined plan v%" PRIu32 " ran slower (%.3f ms at best against "
+           "%.3f ms under v%" PRIu32 "): restoring v%" PRIu32
+           "'s triggers; no more feedback refinement for this session",
+           who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
+           (double)s->best_ns_before / 1e6, before->version, before->version);
+  s->refine_off = true;
+  if (s->busy != CAP__W_NONE) {
+    cap_plan_destroy(before); /* a replan is running: it decides */
+    return;
+  }
+  cap__work_restore(s, before);
+}
+
 static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e) {
   char err[512] = "";
   uint64_t dropped = s->tracker.dropped;
@@ -313,6 +362,9 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
       it.plan_version = 0; /* a version this session never sent */
   }
   cap__work_store_iteration(s->d, &it);
+  if (!e->measured && it.plan_version && s->plan &&
+      e->plan_version == s->plan->version)
+    judge_refinement(s, e->iter_ns);
   char w[320];
   bool usable = e->measured && !e->incomplete && dropped == 0 && rec.n_ops;
   if (e->measured && !usable) {
@@ -346,6 +398,15 @@ static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
   }
   if (f->n_stalls == 0)
     return;
+  if (s->refine_off || s->plan_before) {
+    cap__log(CAP_LOG_DEBUG,
+             "session %" PRIu64 ": feedback for plan v%" PRIu32
+             " not used (%s)",
+             s->local_id, f->plan_version,
+             s->refine_off ? "a refinement ran slower before"
+                           : "the last refinement is still on trial");
+    return;
+  }
   cap_feedback_t *fb = NULL;
   uint32_t n = 0;
   int rc = cap_proto_feedback_from_msg(f, &fb, &n);

@@ -157,20 +157,25 @@ int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
       set_trigger(plan, &mv[i], true);
     if ((rc = check(plan, p, &cfg->bw, limit, &fits)))
       goto out_restore;
+    uint32_t kept = n_mv;
     if (!fits) {
       for (uint32_t i = 0; i < n_mv; i++)
         set_trigger(plan, &mv[i], false);
       qsort(mv, n_mv, sizeof *mv, by_stall_desc);
+      kept = 0;
       for (uint32_t i = 0; i < n_mv; i++) {
         set_trigger(plan, &mv[i], true);
         if ((rc = check(plan, p, &cfg->bw, limit, &fits)))
           goto out_restore;
-        if (!fits)
+        if (fits)
+          kept++;
+        else
           set_trigger(plan, &mv[i], false);
       }
     }
+    if (kept)
+      plan->version++;
   }
-  plan->version++;
   free(mv);
   return 0;
 out_restore:

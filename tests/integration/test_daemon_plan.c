@@ -136,12 +136,14 @@ static void test_measured_plan_within_1s(void) {
   cap_feedback_t fb = {.tensor = act->tensor,
                        .back_access = act->evict_after_access + 1,
                        .stall_ns = 2000000};
+  /* Iteration 2 ran guided under v1 (and is stored) before its feedback. */
+  REQUIRE(tc_send_iteration_end(&c, 2, P->iter_ns + 2000000, false, false, 1,
+                                2000000) == 0);
+  CHECK(count_at_least("SELECT count(*) FROM iterations", 2, 5000) >= 2);
   Capuchin__Feedback *fm = NULL;
   REQUIRE(cap_proto_feedback_to_msg(1, 2, &fb, 1, &fm) == 0);
   REQUIRE(tc_send_msg(&c, fm) == 0);
   cap_proto_msg_free(fm);
-  REQUIRE(tc_send_iteration_end(&c, 2, P->iter_ns + 2000000, false, false, 1,
-                                2000000) == 0);
   cap_plan_t *v2 = tc_wait_plan(&c, 10000);
   REQUIRE(v2 != NULL);
   CHECK_EQ(v2->version, 2);
@@ -158,8 +160,35 @@ static void test_measured_plan_within_1s(void) {
     earlier = trig2 != CAP_NONE && trig2 < trig1;
   }
   CHECK(earlier);
-  cap_plan_destroy(v2);
   CHECK(count_at_least("SELECT count(*) FROM plans WHERE version = 2", 1, 5000) >= 1);
+
+  /* The refinement is a trial: two guided iterations under v2, both slower
+   * than v1's, bring v1's triggers back as v3, and refinement stops. */
+  REQUIRE(tc_send_iteration_end(&c, 3, P->iter_ns + 5000000, false, false, 2,
+                                0) == 0);
+  REQUIRE(tc_send_iteration_end(&c, 4, P->iter_ns + 4000000, false, false, 2,
+                                0) == 0);
+  cap_plan_t *v3 = tc_wait_plan(&c, 10000);
+  REQUIRE(v3 != NULL);
+  CHECK_EQ(v3->version, 3);
+  CHECK_EQ(v3->n_actions, plan->n_actions);
+  bool restored = v3->n_actions == plan->n_actions;
+  for (uint32_t i = 0; restored && i < v3->n_actions; i++)
+    restored =
+        v3->actions[i].tensor == plan->actions[i].tensor &&
+        v3->actions[i].prefetch_tensor == plan->actions[i].prefetch_tensor &&
+        v3->actions[i].prefetch_access == plan->actions[i].prefetch_access;
+  CHECK(restored);
+  REQUIRE(tc_send_iteration_end(&c, 5, P->iter_ns + 2000000, false, false, 3,
+                                2000000) == 0);
+  REQUIRE(cap_proto_feedback_to_msg(3, 5, &fb, 1, &fm) == 0);
+  REQUIRE(tc_send_msg(&c, fm) == 0);
+  cap_proto_msg_free(fm);
+  cap_plan_t *v4 = tc_wait_plan(&c, 1500);
+  CHECK(v4 == NULL); /* feedback no longer refines */
+  cap_plan_destroy(v4);
+  cap_plan_destroy(v3);
+  cap_plan_destroy(v2);
   /* Every iteration's measurements are stored. */
   CHECK(count_at_least("SELECT count(*) FROM iterations", 2, 5000) >= 2);
   Capuchin__Bye bye = CAPUCHIN__BYE__INIT;

@@ -47,12 +47,13 @@ typedef struct cap_feedback {
   int64_t stall_ns;
 } cap_feedback_t;
 
-/* Move the in-triggers of late prefetches earlier (Capuchin's feedback) and
- * bump plan->version. A move is kept only where the simulated plan stays
- * within cfg->budget_bytes (or within its own peak, if that is higher);
- * the plan's predictions become those of the refined plan. Returns 0;
- * CAP_EINVAL, with the plan untouched, for feedback that names no swap
- * action of the plan; CAP_ENOMEM. */
+/* Move the in-triggers of late prefetches earlier (Capuchin's feedback). A
+ * move is kept only where the simulated plan stays within cfg->budget_bytes
+ * (or within its own peak, if that is higher). When a trigger moved,
+ * plan->version goes up by one and the plan's predictions become those of
+ * the refined plan; otherwise the plan is as it was. Returns 0; CAP_EINVAL,
+ * with the plan untouched, for feedback that names no swap action of the
+ * plan; CAP_ENOMEM. */
 int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_feedback_t *fb, uint32_t n_fb,
                     const cap_plan_config_t *cfg);
