@@ -633,29 +633,30 @@ void cap__work_replan(cap__session_t *s) {
   submit(s, t);
 }
 
-void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
-  task_t *t = task_new(s, CAP__W_REFINE);
-  if (!t || !(t->plan_in = cap_plan_clone(s->plan))) {
+/* A refine task (taking plan_in and fb): refine plan_in by the feedback,
+ * or with `restore` store it as the next version as it is. */
+static void submit_refine(cap__session_t *s, cap_plan_t *plan_in,
+                          cap_feedback_t *fb, uint32_t n, bool restore) {
+  task_t *t = plan_in ? task_new(s, CAP__W_REFINE) : NULL;
+  if (!t) {
+    cap_plan_destroy(plan_in);
     free(fb);
-    free(t);
     cap__session_fail(s, CAP_ENOMEM, "out of memory");
     return;
   }
+  t->plan_in = plan_in;
   t->fb = fb;
   t->n_fb = n;
+  t->restore = restore;
   submit(s, t);
 }
 
+void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
+  submit_refine(s, cap_plan_clone(s->plan), fb, n, false);
+}
+
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan) {
-  task_t *t = task_new(s, CAP__W_REFINE);
-  if (!t) {
-    cap_plan_destroy(plan);
-    cap__session_fail(s, CAP_ENOMEM, "out of memory");
-    return;
-  }
-  t->plan_in = plan;
-  t->restore = true;
-  submit(s, t);
+  submit_refine(s, plan, NULL, 0, true);
 }
 
 /* --- Fire-and-forget store writes ------------------------------------------- */
