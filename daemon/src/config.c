@@ -47,7 +47,10 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   cfg->max_pending_write_bytes = 16u << 20;
   cfg->bw_tolerance = 0.2;
   snprintf(cfg->planner, sizeof cfg->planner, "capuchin");
-  cfg->alloc_headroom_pct = 4.0;
+  /* Measured on the sim backend at 50 % (resnet50, bert_large): 4 % left
+   * the allocator too little room against fragmentation, 8 % costs more in
+   * the plan than it saves; 6 % was fastest for both. */
+  cfg->alloc_headroom_pct = 6.0;
 }
 
 int cap_daemon_parse_bytes(const char *s, uint64_t *out) {

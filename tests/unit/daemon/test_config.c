@@ -49,7 +49,7 @@ static void test_defaults_and_set(void) {
   CHECK(cap_daemon_config_set(&c, "evict-persistent", "maybe", err,
                               sizeof err) == CAP_EINVAL);
   CHECK(strstr(err, "auto, yes or no") != NULL);
-  CHECK(c.alloc_headroom_pct == 4.0);
+  CHECK(c.alloc_headroom_pct == 6.0);
   CHECK(cap_daemon_config_set(&c, "alloc-headroom", "2.5%", err, sizeof err) == 0);
   CHECK(c.alloc_headroom_pct == 2.5);
   CHECK(cap_daemon_config_set(&c, "alloc-headroom", "0", err, sizeof err) == 0);
