@@ -655,8 +655,10 @@ uint32_t cap_profile_accesses_before(const cap_profile_t *p, uint32_t t,
 
 uint32_t cap_profile_access_index(const cap_profile_t *p, uint32_t t,
                                   uint32_t op) {
+  if (!p || !p->finished || t >= p->n_tensors)
+    return 0;
   uint32_t i = cap_profile_accesses_before(p, t, op);
-  if (!p || t >= p->n_tensors || i >= p->tensors[t].n_accesses)
+  if (i >= p->tensors[t].n_accesses)
     return 0;
   return p->access_ops[p->tensors[t].access_off + i] == op ? i + 1 : 0;
 }
