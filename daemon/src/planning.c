@@ -67,6 +67,12 @@ typedef struct task {
   uint64_t plan_us;
 } task_t;
 
+/* Bytes a plan leaves free under `budget` for the allocator's
+ * fragmentation (the alloc-headroom option). */
+static uint64_t headroom_bytes(const task_t *t, uint64_t budget) {
+  return (uint64_t)((double)budget * t->headroom_pct / 100.0);
+}
+
 static task_t *task_new(cap__session_t *s, cap__work_kind_t kind) {
   task_t *t = calloc(1, sizeof *t);
   if (!t)
@@ -188,7 +194,7 @@ static void find_or_compute(task_t *t, const cap_profile_t *p) {
   /* Aim under the budget by the allocator's headroom first (fragmentation
    * needs free space to live in); a budget only the full amount fits gets
    * a plan for the full amount. */
-  uint64_t headroom = (uint64_t)((double)t->budget * t->headroom_pct / 100.0);
+  uint64_t headroom = headroom_bytes(t, t->budget);
   rc = plan_with_fallback(t, p, t->budget - headroom, &plan,
                           &t->evicts_persistent);
   if (rc == CAP_EINFEASIBLE && headroom) {
@@ -387,8 +393,7 @@ static void work_cb(uv_work_t *req) {
      * allocator's headroom stays free), not beyond. */
     uint64_t budget = t->plan_in->budget_bytes;
     cap_plan_config_t cfg;
-    cap_plan_config_init(
-        &cfg, budget - (uint64_t)((double)budget * t->headroom_pct / 100.0));
+    cap_plan_config_init(&cfg, budget - headroom_bytes(t, budget));
     cfg.bw = t->bw;
     uint32_t version_in = t->plan_in->version;
     uint64_t t0 = cap__now_ns();

@@ -213,6 +213,12 @@ void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
            plan->predicted_iter_ns);
 }
 
+/* Feedback refines the plan only while no refinement is on trial and none
+ * has lost one (judge_refinement). */
+static bool may_refine(const cap__session_t *s) {
+  return !s->plan_before && !s->refine_off;
+}
+
 void cap__session_kick(cap__session_t *s) {
   if (s->state != CAP__S_ACTIVE)
     return;
@@ -221,8 +227,7 @@ void cap__session_kick(cap__session_t *s) {
       s->want_replan = false;
       cap__work_replan(s);
     } else if (s->n_pending_fb && s->plan &&
-               s->pending_fb_version == s->plan->version && !s->plan_before &&
-               !s->refine_off) {
+               s->pending_fb_version == s->plan->version && may_refine(s)) {
       cap_feedback_t *fb = s->pending_fb;
       uint32_t n = s->n_pending_fb;
       s->pending_fb = NULL;
@@ -398,7 +403,7 @@ static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
   }
   if (f->n_stalls == 0)
     return;
-  if (s->refine_off || s->plan_before) {
+  if (!may_refine(s)) {
     cap__log(CAP_LOG_DEBUG,
              "session %" PRIu64 ": feedback for plan v%" PRIu32
              " not used (%s)",
