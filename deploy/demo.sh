@@ -106,10 +106,12 @@ plan=$("$bin/capuchin-query" --db "$tmp/capuchin.db" --format csv plans |
 if [ -n "$plan" ]; then
   say "plan $plan: its largest actions"
   "$bin/capuchin-query" --db "$tmp/capuchin.db" plan "$plan" >"$tmp/plan.txt"
-  # The summary and the action table's header, then its 12 largest rows.
+  # The summary and the action table's header, then its 12 largest rows
+  # (awk reads all of sort's output: `head` would leave sort to die of
+  # SIGPIPE, which pipefail turns into the demo's exit status).
   awk '{ print } /^action /{ hdr = 1 } /^------/ && hdr { exit }' "$tmp/plan.txt"
   awk 'rows { print } /^action /{ hdr = 1 } /^------/ && hdr { rows = 1 }' "$tmp/plan.txt" |
-    sort -k3,3 -g -r | head -n 12
+    sort -k3,3 -g -r | awk 'NR <= 12'
 else
   echo "demo: the daemon stored no plan (see its log below)" >&2
   tail -n 20 "$tmp/capuchind.log" >&2

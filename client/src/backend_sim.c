@@ -10,7 +10,9 @@
  * bandwidth max-min fairly while both run (the policy simulator's model), so
  * a copy's end moves whenever the other direction starts or stops; the
  * engines re-read it each time they wake. Model times, not wake-up times,
- * chain one item to the next, so sleep overshoot does not accumulate.
+ * chain one item to the next, so sleep overshoot does not accumulate, and a
+ * copy starts in the model when it is queued (or its engine frees up), not
+ * when its engine thread gets to run.
  *
  * A copy's bytes are moved (memcpy) just before its modelled end, so that
  * reading the destination without waiting for the copy finds the old bytes,
@@ -195,45 +197,73 @@ static void pop_item(engine *e) {
   free(it);
 }
 
-static void *engine_main(void *arg) {
-  engine *e = arg;
-  sim *s = e->sim;
-  pthread_mutex_lock(&s->mu);
-  while (!s->stop) {
+/* Retire the records and satisfied waits at the head of e's queue and start
+ * the copy behind them on the model's clock. Answers whether it changed
+ * anything. A copy starts when the engine is free and the host has queued
+ * it, but never before the moment the model has already been advanced to:
+ * the other direction's progress up to then is settled. */
+static bool start_head(sim *s, engine *e) {
+  bool changed = false;
+  while (!e->active && e->head) {
     item *it = e->head;
-    if (!it) {
-      pthread_cond_wait(&s->cv, &s->mu);
-      continue;
-    }
-    if (it->kind == ITEM_RECORD) {
+    if (it->kind == ITEM_WAIT) {
+      if (it->ev->completed < it->gen)
+        break;
+      if (it->ev->t_done > e->te)
+        e->te = it->ev->t_done;
+      pop_item(e);
+    } else if (it->kind == ITEM_RECORD) {
       if (it->gen > it->ev->completed) {
         it->ev->completed = it->gen;
         it->ev->t_done = e->te;
       }
       pop_item(e);
-      pthread_cond_broadcast(&s->cv);
-      continue;
-    }
-    if (it->kind == ITEM_WAIT) {
-      if (it->ev->completed >= it->gen) {
-        if (it->ev->t_done > e->te)
-          e->te = it->ev->t_done;
-        pop_item(e);
-        pthread_cond_broadcast(&s->cv);
-      } else {
-        pthread_cond_wait(&s->cv, &s->mu);
+    } else {
+      int64_t start = e->te > it->submit_t ? e->te : it->submit_t;
+      const engine *o = &s->eng[!e->dir];
+      if (o->active) {
+        int64_t settled = o->done ? o->done_t : o->t_last;
+        if (settled > start)
+          start = settled;
       }
+      progress_to(s, start);
+      e->active = true;
+      e->done = false;
+      e->remaining = (double)it->bytes;
+      e->t_last = start;
+      set_rates(s);
+    }
+    changed = true;
+  }
+  return changed;
+}
+
+/* Start what can start on both engines. Whoever queues an item, completes
+ * an event or finishes a copy calls it (with mu held), so that the model
+ * moves at the moment it should and not when an engine thread next wakes:
+ * a thread that woke late would otherwise let the other direction run
+ * alone, at full bandwidth, through time that is already modelled. */
+static void start_queued(sim *s) {
+  bool changed;
+  do {
+    changed = start_head(s, &s->eng[0]);
+    changed |= start_head(s, &s->eng[1]);
+    if (changed)
+      pthread_cond_broadcast(&s->cv);
+  } while (changed);
+}
+
+static void *engine_main(void *arg) {
+  engine *e = arg;
+  sim *s = e->sim;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop) {
+    start_queued(s);
+    if (!e->active) {
+      pthread_cond_wait(&s->cv, &s->mu);
       continue;
     }
-    /* A copy: starts when the engine is free and the host has queued it. */
-    int64_t start = e->te > it->submit_t ? e->te : it->submit_t;
-    progress_to(s, start);
-    e->active = true;
-    e->done = false;
-    e->remaining = (double)it->bytes;
-    e->t_last = start;
-    set_rates(s);
-    pthread_cond_broadcast(&s->cv); /* the other direction's end moved */
+    item *it = e->head;
     /* The bytes land at the end of the copy, as on a device: a reader that
      * does not wait for the copy's event sees the old contents. So wait
      * until the modelled end minus the time memcpy is expected to take. */
@@ -442,6 +472,7 @@ static void enqueue(sim *s, int dir, item *it) {
   else
     e->head = it;
   e->tail = it;
+  start_queued(s);
   pthread_cond_broadcast(&s->cv);
 }
 
@@ -493,6 +524,7 @@ static int sim_event_record(void *impl, void *evp, cap_stream_t st) {
     pthread_mutex_lock(&s->mu);
     ev->completed = ++ev->recorded;
     ev->t_done = t;
+    start_queued(s); /* a copy may wait on it */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
