@@ -472,8 +472,7 @@ static void enqueue(sim *s, int dir, item *it) {
   else
     e->head = it;
   e->tail = it;
-  start_queued(s);
-  pthread_cond_broadcast(&s->cv);
+  start_queued(s); /* wakes the engines when it starts anything */
 }
 
 static int sim_copy_async(void *impl, cap_stream_t st, void *dst, const void *src,
