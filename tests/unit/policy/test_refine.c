@@ -33,6 +33,14 @@ static uint32_t trigger_op(const cap_profile_t *p, const cap_action_t *a) {
   return cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access);
 }
 
+/* The refinement moved nothing: still version 1, with before's trigger. */
+static void check_trigger_kept(const cap_plan_t *plan,
+                               const cap_action_t *before) {
+  CHECK_EQ(plan->version, 1);
+  CHECK_EQ(plan->actions[0].prefetch_tensor, before->prefetch_tensor);
+  CHECK_EQ(plan->actions[0].prefetch_access, before->prefetch_access);
+}
+
 static void test_moves_trigger_earlier(void) {
   cap_profile_t *p;
   cap_plan_config_t cfg;
@@ -95,9 +103,7 @@ static void test_move_over_budget_refused(void) {
   cap_feedback_t fb = {before.tensor, before.evict_after_access + 1,
                        1000000 * US};
   CHECK_EQ(cap_plan_refine(plan, p, &fb, 1, &cfg), 0);
-  CHECK_EQ(plan->version, 1); /* nothing moved: the same plan */
-  CHECK_EQ(plan->actions[0].prefetch_tensor, before.prefetch_tensor);
-  CHECK_EQ(plan->actions[0].prefetch_access, before.prefetch_access);
+  check_trigger_kept(plan, &before); /* nothing moved: the same plan */
   CHECK_EQ(plan->predicted_iter_ns, pred_iter);
   CHECK_EQ(plan->predicted_peak_bytes, pred_peak);
   cap_sim_result_t r;
@@ -207,9 +213,7 @@ static void test_zero_stall_keeps_trigger(void) {
   cap_action_t before = plan->actions[0];
   cap_feedback_t fb = {before.tensor, before.evict_after_access + 1, 0};
   CHECK_EQ(cap_plan_refine(plan, p, &fb, 1, &cfg), 0);
-  CHECK_EQ(plan->version, 1);
-  CHECK_EQ(plan->actions[0].prefetch_tensor, before.prefetch_tensor);
-  CHECK_EQ(plan->actions[0].prefetch_access, before.prefetch_access);
+  check_trigger_kept(plan, &before);
   cap_plan_destroy(plan);
   cap_profile_destroy(p);
 }
@@ -224,8 +228,7 @@ static void test_unknown_feedback_refused(void) {
                           {2 /* B: not swapped */, 2, 500 * US}};
   CHECK_EQ(cap_plan_refine(plan, p, fb, 2, &cfg), CAP_EINVAL);
   /* nothing applied, not even the valid first entry */
-  CHECK_EQ(plan->version, 1);
-  CHECK_EQ(plan->actions[0].prefetch_access, before.prefetch_access);
+  check_trigger_kept(plan, &before);
   cap_feedback_t wrong_access = {before.tensor, before.evict_after_access, 500 * US};
   CHECK_EQ(cap_plan_refine(plan, p, &wrong_access, 1, &cfg), CAP_EINVAL);
   cap_feedback_t bad_id = {9999, 2, 500 * US};
