@@ -126,7 +126,7 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
         continue;
       const cap_tensor_t *xt = &p->tensors[x];
       bool ok = !(gone && gone[x]) &&
-                (cap_tensor_is_resident(xt) || xt->free_ns >= back_start) &&
+                (cap_tensor_is_resident(xt) || xt->free_ns > back_start) &&
                 !cap_profile_written_in_place(p, x, s, back_op);
       if (ok)
         continue;

@@ -32,6 +32,7 @@
 
 #include "capuchin/error.h"
 #include "capuchin_internal.h"
+#include "planners.h"
 
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
@@ -460,6 +461,11 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
                                   ch->rc_n);
     }
   }
+  /* The choices count on sources that other choices evicted (a list may
+   * read a tensor the plan dropped or swapped, as long as it comes back):
+   * make the plan say how each comes back. */
+  if (!rc)
+    rc = cap__plan_make_explicit(plan, p, NULL);
   if (rc) {
     cap_plan_destroy(plan);
     return rc;

@@ -42,13 +42,11 @@ static int key_cmp(const void *a, const void *b) {
   return 0;
 }
 
-/* fresh[x] == gen: x is an output of an earlier op of the list being
- * checked (one stamp per action, so no clearing between actions). */
+/* The list itself; whether its inputs are there when it runs is the
+ * walk's question (plan_walk.c). */
 static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                            uint32_t ai, const cap_action_t *a, uint32_t evict_op,
-                           uint32_t back_op, uint32_t *fresh, uint32_t gen,
-                           const uint32_t *released_at, char *err,
-                           size_t err_len) {
+                           uint32_t back_op, char *err, size_t err_len) {
   const cap_tensor_t *t = &p->tensors[a->tensor];
   if (a->n_recompute == 0)
     return fail(err, err_len, "action %u (tensor %u): empty recompute list", ai,
@@ -102,29 +100,6 @@ static int check_recompute(const cap_plan_t *plan, const cap_profile_t *p,
                   "replayed",
                   ai, a->tensor, op);
   }
-  /* Replaying an op is only correct if its inputs still hold what they held
-   * when it first ran: no in-place write since (the op itself included),
-   * unless an earlier op of the list produces that input afresh. */
-  for (uint32_t i = 0; i < a->n_recompute; i++) {
-    const cap_op_t *o = &p->ops[ops[i]];
-    const uint32_t *in = cap_op_inputs(p, o), *out = cap_op_outputs(p, o);
-    for (uint32_t j = 0; j < o->n_in; j++) {
-      if (fresh[in[j]] == gen)
-        continue;
-      if (released_at[in[j]] < back_op)
-        return fail(err, err_len,
-                    "action %u (tensor %u): recompute op %u reads tensor %u, "
-                    "which the plan releases after op %u",
-                    ai, a->tensor, ops[i], in[j], released_at[in[j]]);
-      if (cap_profile_written_in_place(p, in[j], ops[i], back_op))
-        return fail(err, err_len,
-                    "action %u (tensor %u): recompute op %u reads tensor %u, "
-                    "which is modified in place before the back-access",
-                    ai, a->tensor, ops[i], in[j]);
-    }
-    for (uint32_t j = 0; j < o->n_out; j++)
-      fresh[out[j]] = gen;
-  }
   return 0;
 }
 
@@ -139,23 +114,12 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
   if (plan->n_actions && !plan->actions)
     return fail(err, err_len, "plan has actions but no action array");
   key_t_ *keys = NULL;
-  uint32_t *fresh = NULL, *released_at = NULL;
   if (plan->n_actions) {
-    size_t nt = p->n_tensors ? p->n_tensors : 1;
     keys = malloc((size_t)plan->n_actions * sizeof *keys);
-    fresh = calloc(nt, sizeof *fresh);
-    released_at = malloc(nt * sizeof *released_at);
-    if (!keys || !fresh || !released_at) {
-      free(keys);
-      free(fresh);
-      free(released_at);
+    if (!keys)
       return CAP_ENOMEM;
-    }
-    for (uint32_t x = 0; x < p->n_tensors; x++)
-      released_at[x] = CAP_NONE;
   }
   int rc = 0;
-  /* Releases first: the recompute lists are checked against them. */
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
     if (a->tensor >= p->n_tensors) {
@@ -184,7 +148,6 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
                 "action %u (tensor %u): release with swap fields", i, a->tensor);
       goto out_free;
     }
-    released_at[a->tensor] = p->access_ops[t->access_off + t->n_accesses - 1];
   }
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
@@ -240,8 +203,7 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
         }
       }
     } else if (a->method == CAP_METHOD_RECOMPUTE) {
-      rc = check_recompute(plan, p, i, a, evict_op, back_op, fresh, i + 1,
-                           released_at, err, err_len);
+      rc = check_recompute(plan, p, i, a, evict_op, back_op, err, err_len);
       if (rc)
         goto out_free;
     } else {
@@ -262,10 +224,12 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
         goto out_free;
       }
   }
+  cap_plan_fault_t f;
+  rc = cap_plan_walk(plan, p, &f);
+  if (rc == CAP_EINVAL && err && err_len)
+    cap_plan_fault_format(plan, p, &f, err, err_len);
 
 out_free:
   free(keys);
-  free(fresh);
-  free(released_at);
   return rc;
 }

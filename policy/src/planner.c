@@ -65,9 +65,13 @@ int cap_plan_compute(const cap_profile_t *p, const char *planner,
     memset(plan->policy, 0, sizeof plan->policy);
     strncpy(plan->policy, planner, sizeof plan->policy - 1);
   }
-  /* A planner that emits an invalid plan has a bug: refuse it rather than
-   * hand the daemon or the client something they cannot execute. */
-  rc = cap_plan_validate(plan, p, NULL, 0);
+  /* Every list must run as written (cap_plan_walk): mend what a planner
+   * left implicit. A planner that emits an otherwise invalid plan has a
+   * bug: refuse it rather than hand the daemon or the client something
+   * they cannot execute. */
+  rc = cap__plan_make_explicit(plan, p, NULL);
+  if (!rc)
+    rc = cap_plan_validate(plan, p, NULL, 0);
   if (rc)
     goto out_destroy;
   cap_sim_result_t r;

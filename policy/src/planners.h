@@ -81,4 +81,14 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
                  uint32_t evict_op, uint32_t back_op, const uint8_t *gone,
                  uint32_t max_ops);
 
+/* Mend a plan so that every recompute list runs exactly as written
+ * (cap_plan_walk): a swapped-out source gets its prefetch issued at the
+ * back-access that needs it, a list lacking another source is rebuilt from
+ * the lineage with what is off the device recomputed inside it, and a
+ * tensor that cannot be rebuilt is swapped instead (plan_walk.c). Sets
+ * *n_repairs (may be NULL) to the number of faults mended. Returns 0 or
+ * CAP_ENOMEM. */
+int cap__plan_make_explicit(cap_plan_t *plan, const cap_profile_t *p,
+                            uint32_t *n_repairs);
+
 #endif /* CAPUCHIN_PLANNERS_H */

@@ -4,12 +4,13 @@
  * The compute stream runs the profile's ops in order. Op i becomes ready at
  * the simulated end of op i-1 plus the trace's gap between them (the host
  * launches ops at the measured pace; a stall shifts everything after it).
- * Before op i starts: on-demand swap-ins of its non-resident tensors are
- * issued at its ready time, recompute lists of its dropped tensors run on the
- * compute stream with their measured durations, then the op waits for every
+ * Before op i starts, at its ready time: prefetches whose in-trigger it is
+ * are issued, then on-demand swap-ins of its non-resident tensors, then
+ * recompute lists of its dropped tensors run on the compute stream with
+ * their measured durations (every input on the device or coming back by a
+ * prefetch already issued: cap_plan_walk), then the op waits for every
  * swap-in it needs (that wait is the prefetch's lateness and counts in
- * stall_ns). At its start, prefetches whose in-trigger it is are issued and
- * its first-touched activations are allocated; at its end, the evictions
+ * stall_ns). At its start, its first-touched activations are allocated; at its end, the evictions
  * after it are carried out (swap: D2H issued, memory held until the copy
  * ends, the compute stream waits for it with CAP_ACTION_SYNC_OUT; recompute:
  * memory released at once).
@@ -380,9 +381,14 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       tens_t *x = &s->t[in[j]];
       if (x->temp_gen == s->list_gen)
         continue;
-      if (x->state == T_UNBORN || x->state == T_FREED ||
-          x->state == T_RELEASED) {
-        s->err = CAP_EINVAL; /* replay reads a tensor that does not exist */
+      /* Nothing comes back implicitly (cap_plan_walk has checked this):
+       * an input is on the device, or its prefetch has been issued and the
+       * replay waits for it. */
+      bool coming = (x->state == T_HOST || x->state == T_SWAP_OUT) &&
+                    x->action != CAP_NONE &&
+                    s->copies[2 * x->action + 1].issued;
+      if (x->state != T_RESIDENT && x->state != T_SWAP_IN && !coming) {
+        s->err = CAP_EINVAL;
         break;
       }
       t = ensure(s, in[j], t);
@@ -637,7 +643,15 @@ static void simulate(sim_t *s) {
     advance_to(s, ready);
     const uint32_t *in = cap_op_inputs(p, o), *outs = cap_op_outputs(p, o);
     uint32_t n_all = o->n_in + o->n_out;
-    /* On-demand swap-ins first, so that they overlap the recomputes. */
+    /* The client issues the prefetches this op triggers as the op begins,
+     * before it fetches or recomputes anything the op needs. */
+    for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
+      uint32_t ai = s->trig[k];
+      tens_t *tt = &s->t[plan->actions[ai].tensor];
+      if (tt->action == ai && (tt->state == T_HOST || tt->state == T_SWAP_OUT))
+        issue_copy(s, 2 * ai + 1, ready);
+    }
+    /* On-demand swap-ins next, so that they overlap the recomputes. */
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       tens_t *tt = &s->t[id];
@@ -660,12 +674,6 @@ static void simulate(sim_t *s) {
     /* The op starts. */
     int64_t start = t;
     advance_to(s, start);
-    for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
-      uint32_t ai = s->trig[k];
-      tens_t *tt = &s->t[plan->actions[ai].tensor];
-      if (tt->action == ai && (tt->state == T_HOST || tt->state == T_SWAP_OUT))
-        issue_copy(s, 2 * ai + 1, start);
-    }
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       if (s->t[id].state == T_UNBORN) {
@@ -739,7 +747,11 @@ int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
   s.bw = *bw;
   s.out = out;
   s.list_gen = 1;
-  int rc = prepare(&s);
+  /* The one definition of what a plan means: a plan whose lists cannot
+   * run as written is not simulated (cap_plan_validate says why). */
+  int rc = plan ? cap_plan_walk(plan, p, NULL) : 0;
+  if (!rc)
+    rc = prepare(&s);
   if (!rc) {
     simulate(&s);
     rc = s.err;

@@ -92,11 +92,53 @@ static inline const uint32_t *cap_action_recompute_ops(const cap_plan_t *plan,
 
 /* Check every action against the profile: tensor ids, access indices (a
  * back-access must exist, except for a release at the last access of a
- * tensor freed within the iteration), triggers that precede the back-access, recompute
- * lists whose ops exist, run before the back-access and end with the
- * tensor's producer. Returns 0 or CAP_EINVAL with a message in err. */
+ * tensor freed within the iteration), triggers that precede the
+ * back-access, recompute lists whose ops exist, run before the back-access,
+ * end with the tensor's producer and replay every write up to the
+ * evicted-access; then walk the plan (cap_plan_walk) so that every list can
+ * run exactly as written. Returns 0 or CAP_EINVAL with a message in err. */
 int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
                       size_t err_len);
+
+/* Why a recompute list cannot run as written (cap_plan_walk). */
+typedef enum {
+  CAP_LACK_NONE = 0,
+  CAP_LACK_DROPPED,  /* the plan dropped the source; the list does not
+                        recompute it first */
+  CAP_LACK_SWAPPED,  /* swapped out, its prefetch not issued by then */
+  CAP_LACK_FREED,    /* the framework freed it before the back-access */
+  CAP_LACK_RELEASED, /* the plan released it after its last access */
+  CAP_LACK_UNBORN,   /* not created yet */
+  CAP_LACK_WRITTEN,  /* written in place since the listed op first ran */
+} cap_lack_t;
+
+/* The first recompute action that cannot run as written. */
+typedef struct cap_plan_fault {
+  uint32_t action;   /* index in plan->actions; CAP_NONE: no fault */
+  uint32_t op;       /* the listed op that cannot run */
+  uint32_t source;   /* the input it lacks */
+  uint32_t by;       /* the action that took the source off the device, or
+                        CAP_NONE (freed, written) */
+  uint32_t since_op; /* the op after which the source left the device */
+  cap_lack_t lack;
+} cap_plan_fault_t;
+
+/* Walk the plan over the profile op by op, exactly as the client executes
+ * it (docs/plan-semantics.md), and check that every recompute list that
+ * runs finds each input of each listed op produced earlier in the list, or
+ * on the device (resident, or coming back by a prefetch issued at or before
+ * the back-access) and unmodified since. Nothing is restored implicitly.
+ * Expects a plan that passed the static checks (cap_plan_validate calls
+ * this after them). Returns 0, CAP_EINVAL with *fault (may be NULL) set, or
+ * CAP_ENOMEM. */
+int cap_plan_walk(const cap_plan_t *plan, const cap_profile_t *p,
+                  cap_plan_fault_t *fault);
+/* "dropped by the plan and not recomputed earlier in the list", ... */
+const char *cap_lack_name(cap_lack_t lack);
+/* One line naming the action, the tensor, the listed op, the source and the
+ * reason; returns what snprintf returns. */
+int cap_plan_fault_format(const cap_plan_t *plan, const cap_profile_t *p,
+                          const cap_plan_fault_t *f, char *buf, size_t len);
 
 /* JSON form (issue 3, --emit-plan):
  * {"trace":…, "budget_bytes":…, "policy":…, "actions":[{"tensor":ID,
