@@ -181,6 +181,7 @@ void cap_client_destroy(cap_client_t *c) {
   cap_plan_destroy(c->pending_plan);
   free(c->pending_fb);
   free(c->fb);
+  free(c->failed);
   cap__oplog_close(&c->log_cur);
   cap__oplog_close(&c->log_last);
   cap__dev_close(c);

@@ -142,6 +142,8 @@ typedef struct cap__tensor {
   uint64_t lru;        /* tick of the last access */
   int64_t in_start_ns; /* when the swap-in started */
   int64_t in_est_end_ns; /* estimated end of the swap-in */
+  uint32_t gone_op;    /* op seq after which it last left the device (or
+                          was freed): named in recompute errors */
 } cap__tensor_t;
 
 /* Deferred release: memory that a copy still reads or writes, returned when
@@ -263,7 +265,12 @@ struct cap_client {
   uint32_t n_fb, cap_fb;
   cap_recompute_fn recompute;
   void *recompute_user;
-  uint32_t recompute_depth;
+  /* Evictions that failed this job, as (tensor, evicted-access): every plan
+   * version installed later carries them out as swaps (fallback). */
+  struct cap__failed_action {
+    uint32_t tensor, access;
+  } *failed;
+  uint32_t n_failed, cap_failed;
 
   /* Reporter (reporter.c). */
   cap__ring_t ring;

@@ -4,6 +4,7 @@
  * evicted-access, prefetches at in-triggers, waits and recomputation at
  * back-accesses, and LRU swapping on demand when an allocation does not fit.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,6 +121,10 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
       maxk[a->prefetch_tensor] = a->prefetch_access;
     if (a->method == CAP_METHOD_RECOMPUTE && !recompute_usable(c, plan, a))
       x.fallback[i] = 1;
+    for (uint32_t f = 0; f < c->n_failed; f++)
+      if (c->failed[f].tensor == a->tensor &&
+          c->failed[f].access == a->evict_after_access)
+        x.fallback[i] = 1;
   }
   uint64_t total = 0;
   for (uint32_t t = 0; t < nt; t++) {
@@ -312,6 +317,7 @@ static int swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
     t->state = CAP__T_OUT;
   }
   t->out_action = action;
+  t->gone_op = c->op_seq ? c->op_seq - 1 : 0;
   c->it.bytes_out += t->bytes;
   c->it.evictions++;
   atomic_fetch_add(&c->ctr.bytes_out, t->bytes);
@@ -539,19 +545,192 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
 
 static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
 
-/* Replay the lineage ops of a dropped tensor through the framework. */
+/* Why a listed op's input is not there, in the words of
+ * docs/plan-semantics.md; NULL when it is there (or coming back). */
+static const char *missing_reason(const cap__tensor_t *u) {
+  switch (u->state) {
+  case CAP__T_DEVICE:
+  case CAP__T_OUT:  /* swap-out running: the device copy is still there */
+  case CAP__T_IN:   /* prefetch issued: the replay waits for it */
+  case CAP__T_HOST: /* prefetch planned but found no room: fetched now */
+    return NULL;
+  case CAP__T_DROPPED:
+    return "dropped by the plan and not recomputed earlier in the list";
+  case CAP__T_RELEASED:
+    return "released by the plan";
+  case CAP__T_LOST:
+    return "lost (an earlier recompute of it failed)";
+  default:
+    return "freed by the framework";
+  }
+}
+
+/* The eviction in force for tensor id could not be carried out: swap it
+ * instead from now on, in this plan version and every later one. */
+static void fall_back(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  c->it.fallbacks++;
+  atomic_fetch_add(&c->ctr.fallbacks, 1);
+  if (!c->x.plan || t->out_action >= c->x.plan->n_actions)
+    return;
+  const cap_action_t *a = &c->x.plan->actions[t->out_action];
+  c->x.fallback[t->out_action] = 1;
+  if (c->n_failed == c->cap_failed) {
+    uint32_t n = c->cap_failed ? c->cap_failed * 2 : 16;
+    struct cap__failed_action *f = realloc(c->failed, (size_t)n * sizeof *f);
+    if (!f)
+      return; /* this version still falls back; a later one may not */
+    c->failed = f;
+    c->cap_failed = n;
+  }
+  c->failed[c->n_failed++] =
+      (struct cap__failed_action){a->tensor, a->evict_after_access};
+}
+
+/* A list's outputs that are not live tensors, kept until the list ends
+ * because a later listed op may read them. */
+typedef struct list_temp {
+  uint32_t id;
+  void *ptr;
+} list_temp_t;
+
+typedef struct list_run {
+  list_temp_t *temps;
+  uint32_t n_temps, cap_temps;
+  uint32_t *restored; /* tensors the list brought back to the device */
+  uint32_t n_restored, cap_restored;
+} list_run_t;
+
+static void *temp_of(const list_run_t *r, uint32_t id) {
+  for (uint32_t i = 0; i < r->n_temps; i++)
+    if (r->temps[i].id == id)
+      return r->temps[i].ptr;
+  return NULL;
+}
+
+static int push_u32(uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t x) {
+  if (*n == *cap) {
+    uint32_t nc = *cap ? *cap * 2 : 16;
+    uint32_t *nv = realloc(*v, (size_t)nc * sizeof *nv);
+    if (!nv)
+      return CAP_ENOMEM;
+    *v = nv;
+    *cap = nc;
+  }
+  (*v)[(*n)++] = x;
+  return 0;
+}
+
+static int push_temp(list_run_t *r, uint32_t id, void *ptr) {
+  if (r->n_temps == r->cap_temps) {
+    uint32_t nc = r->cap_temps ? r->cap_temps * 2 : 16;
+    list_temp_t *nt = realloc(r->temps, (size_t)nc * sizeof *nt);
+    if (!nt)
+      return CAP_ENOMEM;
+    r->temps = nt;
+    r->cap_temps = nc;
+  }
+  r->temps[r->n_temps++] = (list_temp_t){id, ptr};
+  return 0;
+}
+
+/* Device pointers for one listed op: inputs from earlier listed ops'
+ * temporaries or from the device (waiting for a prefetch in flight), outputs
+ * into restored tensors or fresh temporaries. Pins what it reads; *n_pin
+ * counts the leading ids pinned. */
+static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
+                   const cap__oplog_op_t *op, const uint32_t *ids, void **ptrs,
+                   uint8_t *pinned, list_run_t *r) {
+  uint32_t n = op->n_in + op->n_out;
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t tid = ids[j];
+    if (tid >= c->n_tensors) {
+      cap__set_error(c, "op %u %s: recompute of tensor %u: listed op %u names "
+                        "unknown tensor %u",
+                     c->op_seq, c->op_name, id, list_op, tid);
+      return CAP_ERECOMPUTE;
+    }
+    cap__tensor_t *u = &c->tensors[tid];
+    bool is_out = j >= op->n_in, in_too = false;
+    for (uint32_t k = 0; k < op->n_in && is_out; k++)
+      in_too |= ids[k] == tid;
+    void *tp = temp_of(r, tid);
+    if (tp) { /* produced earlier in the list */
+      ptrs[j] = tp;
+      continue;
+    }
+    if (!is_out || in_too) {
+      const char *why = missing_reason(u);
+      if (why) {
+        cap__set_error(c, "op %u %s: recompute of tensor %u (action %u) needs "
+                          "tensor %u for op %u %s, %s (after op %u)",
+                       c->op_seq, c->op_name, id, c->tensors[id].out_action,
+                       tid, list_op, op->name ? op->name : "?", why,
+                       u->gone_op);
+        return CAP_ERECOMPUTE;
+      }
+      int rc = ensure_resident(c, tid, false);
+      if (rc < 0)
+        return rc;
+      ptrs[j] = u->dev;
+      u->pinned++;
+      pinned[j] = 1;
+      continue;
+    }
+    void *p = NULL;
+    int rc = cap__alloc_for(c, u->bytes ? u->bytes : 1, &p, true);
+    if (rc < 0)
+      return rc;
+    ptrs[j] = p;
+    if (tid == id || u->state == CAP__T_DROPPED) {
+      /* restored for good (DESIGN.md: one replay restores every dropped
+       * tensor of the segment), filled by the callback */
+      rc = push_u32(&r->restored, &r->n_restored, &r->cap_restored, tid);
+      if (rc < 0) {
+        cap__dev_free(c, p);
+        return rc;
+      }
+      u->dev = p;
+      u->state = CAP__T_DEVICE;
+      u->lru = ++c->tick;
+      u->pinned++;
+      pinned[j] = 1;
+    } else if ((rc = push_temp(r, tid, p)) < 0) {
+      /* the live tensor, if any, is not touched */
+      cap__dev_free(c, p);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* Replay the lineage ops of a dropped tensor through the framework, exactly
+ * as the plan lists them: every input of a listed op is an output of an
+ * earlier listed op or on the device (docs/plan-semantics.md). Nothing is
+ * recomputed implicitly; a missing input fails the list with a message
+ * naming the op, the tensor, the action and the reason, and the list leaves
+ * nothing behind. */
 static int recompute(cap_client_t *c, uint32_t id) {
   cap__tensor_t *t = &c->tensors[id];
   const cap__xplan_t *x = &c->x;
   if (!x->plan || t->out_action >= x->plan->n_actions || !c->recompute ||
-      !c->log_last_valid || c->recompute_depth > 32)
+      !c->log_last_valid) {
+    cap__set_error(c, "op %u %s: recompute of tensor %u: %s", c->op_seq,
+                   c->op_name, id,
+                   !c->recompute ? "no recompute callback"
+                                 : "no lineage from the last iteration");
     return CAP_ERECOMPUTE;
+  }
   const cap_action_t *a = &x->plan->actions[t->out_action];
   const uint32_t *ops = cap_action_recompute_ops(x->plan, a);
+  list_run_t r = {0};
   int rc = 0;
-  c->recompute_depth++;
   for (uint32_t i = 0; i < a->n_recompute && rc == 0; i++) {
     if (ops[i] >= c->log_last.n_ops) {
+      cap__set_error(c, "op %u %s: recompute of tensor %u (action %u) lists "
+                        "op %u, beyond the last iteration's %u ops",
+                     c->op_seq, c->op_name, id, t->out_action, ops[i],
+                     c->log_last.n_ops);
       rc = CAP_ERECOMPUTE;
       break;
     }
@@ -559,95 +738,52 @@ static int recompute(cap_client_t *c, uint32_t id) {
     const uint32_t *ids = c->log_last.ids + op->off;
     uint32_t n = op->n_in + op->n_out;
     void **ptrs = calloc(n ? n : 1, sizeof *ptrs);
-    uint8_t *temp = calloc(n ? n : 1, 1);
-    if (!ptrs || !temp) {
-      free(ptrs);
-      free(temp);
+    uint8_t *pinned = calloc(n ? n : 1, 1);
+    if (!ptrs || !pinned) {
       rc = CAP_ENOMEM;
-      break;
-    }
-    uint32_t done = 0;
-    for (; done < n; done++) {
-      uint32_t tid = ids[done];
-      if (tid >= c->n_tensors) {
-        rc = CAP_ERECOMPUTE;
-        break;
-      }
-      cap__tensor_t *u = &c->tensors[tid];
-      bool is_out = done >= op->n_in;
-      bool in_too = false;
-      for (uint32_t j = 0; j < op->n_in && is_out; j++)
-        in_too |= ids[j] == tid;
-      if (!is_out || in_too) {
-        if (u->state == CAP__T_UNUSED || u->state == CAP__T_DECLARED) {
-          rc = CAP_ERECOMPUTE; /* an input that no longer exists */
-          break;
+    } else {
+      rc = bind_op(c, id, ops[i], op, ids, ptrs, pinned, &r);
+      if (rc == 0) {
+        int cb = c->recompute(c->recompute_user, ops[i], op->name, ids, ptrs,
+                              op->n_in, ids + op->n_in, ptrs + op->n_in,
+                              op->n_out);
+        if (cb < 0) {
+          cap__set_error(c, "op %u %s: recompute of tensor %u: the callback "
+                            "failed on op %u %s (%d)",
+                         c->op_seq, c->op_name, id, ops[i],
+                         op->name ? op->name : "?", cb);
+          rc = CAP_ERECOMPUTE;
+        } else {
+          c->it.recomputed_ops++;
+          atomic_fetch_add(&c->ctr.recomputed_ops, 1);
         }
-        if (is_out) {
-          ptrs[done] = u->dev;
-          u->pinned++;
-          continue;
-        }
-        rc = ensure_resident(c, tid, false);
-        if (rc < 0)
-          break;
-        ptrs[done] = u->dev;
-        u->pinned++;
-      } else if (tid == id || u->state == CAP__T_DROPPED) {
-        void *p = NULL;
-        rc = cap__alloc_for(c, u->bytes, &p, true);
-        if (rc < 0)
-          break;
-        u->dev = p;
-        u->state = CAP__T_DEVICE; /* filled by the callback below */
-        u->pinned++;
-        ptrs[done] = p;
-        temp[done] = 2;
-      } else {
-        /* Other outputs are temporaries: the live tensor is not touched. */
-        void *p = NULL;
-        rc = cap__alloc_for(c, u->bytes ? u->bytes : 1, &p, true);
-        if (rc < 0)
-          break;
-        ptrs[done] = p;
-        temp[done] = 1;
-        u->pinned++;
       }
-    }
-    if (rc == 0) {
-      int cb = c->recompute(c->recompute_user, ops[i], op->name, ids, ptrs,
-                            op->n_in, ids + op->n_in, ptrs + op->n_in,
-                            op->n_out);
-      if (cb < 0) {
-        cap__set_error(c, "recompute callback failed on op %u (%s): %d",
-                       ops[i], op->name ? op->name : "?", cb);
-        rc = CAP_ERECOMPUTE;
-      } else {
-        c->it.recomputed_ops++;
-        atomic_fetch_add(&c->ctr.recomputed_ops, 1);
-      }
-    }
-    for (uint32_t j = 0; j < done; j++) {
-      cap__tensor_t *u = &c->tensors[ids[j]];
-      if (u->pinned)
-        u->pinned--;
-      if (temp[j] == 1) {
-        cap__dev_free(c, ptrs[j]);
-      } else if (temp[j] == 2 && rc < 0) {
-        cap__dev_free(c, u->dev);
-        u->dev = NULL;
-        u->state = ids[j] == id ? CAP__T_DROPPED : CAP__T_DROPPED;
-      } else if (temp[j] == 2) {
-        u->lru = ++c->tick;
-      }
+      for (uint32_t j = 0; j < n; j++)
+        if (pinned[j] && c->tensors[ids[j]].pinned)
+          c->tensors[ids[j]].pinned--;
     }
     free(ptrs);
-    free(temp);
+    free(pinned);
   }
-  c->recompute_depth--;
-  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
-  if (rc == 0 && t->state != CAP__T_DEVICE)
+  if (rc == 0 && t->state != CAP__T_DEVICE) {
+    cap__set_error(c, "op %u %s: recompute of tensor %u (action %u): its "
+                      "list does not produce it",
+                   c->op_seq, c->op_name, id, t->out_action);
     rc = CAP_ERECOMPUTE;
+  }
+  for (uint32_t i = 0; i < r.n_temps; i++)
+    cap__dev_free(c, r.temps[i].ptr);
+  for (uint32_t i = 0; i < r.n_restored && rc < 0; i++) {
+    cap__tensor_t *u = &c->tensors[r.restored[i]];
+    if (u->state == CAP__T_DEVICE) {
+      cap__dev_free(c, u->dev);
+      u->dev = NULL;
+      u->state = CAP__T_DROPPED;
+    }
+  }
+  free(r.temps);
+  free(r.restored);
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
   return rc < 0 ? CAP_ERECOMPUTE : 0;
 }
 
@@ -661,10 +797,7 @@ static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
     /* The plan said the last access had passed; this iteration differs.
      * Later iterations swap it instead of releasing it (fallback); an op
      * that only writes it loses nothing. */
-    if (c->x.plan && t->out_action < c->x.plan->n_actions)
-      c->x.fallback[t->out_action] = 1;
-    c->it.fallbacks++;
-    atomic_fetch_add(&c->ctr.fallbacks, 1);
+    fall_back(c, id);
     t->state = CAP__T_LOST;
     /* fall through */
   case CAP__T_DECLARED:
@@ -712,10 +845,7 @@ static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
     if (rc < 0) {
       /* The data is gone: the access fails, later iterations swap this
        * tensor instead (fallback), and it gets fresh memory. */
-      if (c->x.plan && t->out_action < c->x.plan->n_actions)
-        c->x.fallback[t->out_action] = 1;
-      c->it.fallbacks++;
-      atomic_fetch_add(&c->ctr.fallbacks, 1);
+      fall_back(c, id);
       t->state = CAP__T_LOST;
       return CAP_ERECOMPUTE;
     }
@@ -764,6 +894,7 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
     cap__set_error(c, "op begin: bad arguments");
     return CAP_EINVAL;
   }
+  c->op_name = name; /* named in errors of the restores below */
   /* Unique tensors of the op: an op listing one on both sides is one
    * access. pinned doubles as the "already seen" mark. */
   uint32_t nu = 0;
@@ -841,6 +972,9 @@ out_unpin:
   /* The framework skips this op: the iteration's op sequence no longer
    * matches the profile's (no lineage, no measurement from it). */
   c->iter_op_errors++;
+  c->it.op_errors++;
+  if (!c->it.first_error[0])
+    snprintf(c->it.first_error, sizeof c->it.first_error, "%s", c->err);
   return rc;
 }
 
@@ -885,6 +1019,7 @@ int cap__op_end(cap_client_t *c) {
       t->dev = NULL;
       t->state = cap_action_is_release(a) ? CAP__T_RELEASED : CAP__T_DROPPED;
       t->out_action = ai;
+      t->gone_op = c->op_seq - 1;
       c->it.evictions++;
       atomic_fetch_add(&c->ctr.evictions, 1);
       atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
@@ -935,6 +1070,7 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
   t->ev = NULL;
   t->state = CAP__T_UNUSED;
   t->pinned = 0;
+  t->gone_op = c->op_seq ? c->op_seq - 1 : 0;
   atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
   return 0;
 }

@@ -42,6 +42,7 @@ typedef struct replay {
   uint32_t iteration;
   int64_t mismatches;    /* this iteration */
   int64_t errors;        /* op errors this iteration */
+  char first_error[256]; /* what the first of them was, "" when none */
   int fail_recompute_at; /* fault injection: fail the N-th callback */
   int recompute_calls;
   bool full;
@@ -49,6 +50,18 @@ typedef struct replay {
 
 static uint64_t seed_of(uint32_t id, uint32_t iter) {
   return ((uint64_t)id << 32) ^ (uint64_t)iter ^ 0x9e3779b97f4a7c15ull;
+}
+
+/* Count an error of this iteration; the first one's reason goes into the
+ * iteration table. */
+static void note_error(replay_t *r, const char *what, uint32_t n, int rc) {
+  r->errors++;
+  if (!r->first_error[0])
+    snprintf(r->first_error, sizeof r->first_error, "%s %u: %s: %s", what, n,
+             cap_strerror(rc), cap_client_last_error(r->c));
+  if (getenv("CAPUCHIN_REPLAY_DEBUG"))
+    fprintf(stderr, "capuchin-replay: %s %u: %s (%s)\n", what, n,
+            cap_strerror(rc), cap_client_last_error(r->c));
 }
 
 static void usage(FILE *f) {
@@ -113,7 +126,20 @@ typedef struct row {
   int64_t predicted_ns;
   uint64_t budget_bytes;
   int64_t mismatches, errors;
+  char first_error[256];
 } row_t;
+
+/* s as the inside of a JSON string. */
+static void json_str(const char *s) {
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      printf("\\u%04x", (unsigned char)*s);
+    else
+      putchar(*s);
+  }
+}
 
 static void print_row(const row_t *w, bool json, bool first, double scale) {
   const cap_iter_stats_t *s = &w->st;
@@ -125,12 +151,18 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
            ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
            ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64
-           ",\"lru_evictions\":%u,\"budget_waits\":%u}",
+           ",\"lru_evictions\":%u,\"budget_waits\":%u",
            first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
            s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
            s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
            s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes,
            s->lru_evictions, s->budget_waits);
+    if (w->first_error[0]) {
+      printf(",\"first_error\":\"");
+      json_str(w->first_error);
+      putchar('"');
+    }
+    putchar('}');
   } else {
     if (first)
       printf("%4s %-8s %10s %10s %10s %10s %6s %9s %4s %10s %10s\n", "iter",
@@ -143,6 +175,8 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            s->bytes_in / 1048576.0, s->recomputed_ops, s->stall_ns / 1e6,
            s->plan_version, w->mismatches, w->predicted_ns / 1e6,
            w->errors ? "  (errors)" : "");
+    if (w->errors)
+      printf("     first error: %s\n", w->first_error);
   }
   fflush(stdout);
 }
@@ -156,6 +190,7 @@ static int run_iteration(replay_t *r, row_t *row) {
   r->iteration++;
   r->mismatches = 0;
   r->errors = 0;
+  r->first_error[0] = '\0';
   /* Tensors in trace-id order, so that client ids equal trace ids:
    * persistent ones once (in the first iteration), activations every
    * iteration (allocated at their first access). */
@@ -197,10 +232,7 @@ static int run_iteration(replay_t *r, row_t *row) {
                              in_ptrs, out_ptrs);
     if (rc < 0) {
       /* The job carries on: count it, and rewrite what the op writes. */
-      r->errors++;
-      if (getenv("CAPUCHIN_REPLAY_DEBUG"))
-        fprintf(stderr, "capuchin-replay: op %u: %s (%s)\n", s,
-                cap_strerror(rc), cap_client_last_error(c));
+      note_error(r, "op", s, rc);
       continue;
     }
     int64_t t_begin = cap_client_now_ns(c);
@@ -239,10 +271,7 @@ static int run_iteration(replay_t *r, row_t *row) {
     while (fi < p->n_frees && p->frees[fi].t_ns <= until) {
       rc = cap_client_free(c, p->frees[fi].tensor);
       if (rc < 0) {
-        r->errors++;
-        if (getenv("CAPUCHIN_REPLAY_DEBUG"))
-          fprintf(stderr, "capuchin-replay: free %u: %s (%s)\n",
-                  p->frees[fi].tensor, cap_strerror(rc), cap_client_last_error(c));
+        note_error(r, "free of tensor", p->frees[fi].tensor, rc);
       }
       fi++;
     }
@@ -263,6 +292,7 @@ static int run_iteration(replay_t *r, row_t *row) {
   rc = cap_client_iteration_end(c, &row->st);
   row->mismatches = r->mismatches;
   row->errors = r->errors;
+  memcpy(row->first_error, r->first_error, sizeof row->first_error);
   return rc;
 }
 

@@ -174,6 +174,11 @@ typedef struct cap_iter_stats {
                               or a guided allocation that did not fit) */
   uint32_t budget_waits;   /* allocations that waited for a running swap-out
                               to release memory (counted in stall_ns) */
+  uint32_t op_errors;      /* op begins that failed (the op did not run) */
+  char first_error[256];   /* the first op error's message ("op 526
+                              aten.native_batch_norm_backward: recompute of
+                              tensor 506 (action 12) needs tensor 503, ..."),
+                              "" when none */
 } cap_iter_stats_t;
 
 /* End the iteration: report IterationEnd (and prefetch feedback in guided
