@@ -144,6 +144,8 @@ typedef struct cap__tensor {
   int64_t in_est_end_ns; /* estimated end of the swap-in */
   uint32_t gone_op;    /* op seq after which it last left the device (or
                           was freed): named in recompute errors */
+  uint8_t prefetch_due;/* the in-trigger of its swap has fired (the copy
+                          may still wait for room) */
 } cap__tensor_t;
 
 /* Deferred release: memory that a copy still reads or writes, returned when

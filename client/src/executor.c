@@ -317,6 +317,7 @@ static int swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
     t->state = CAP__T_OUT;
   }
   t->out_action = action;
+  t->prefetch_due = 0;
   t->gone_op = c->op_seq ? c->op_seq - 1 : 0;
   c->it.bytes_out += t->bytes;
   c->it.evictions++;
@@ -550,10 +551,17 @@ static int ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
 static const char *missing_reason(const cap__tensor_t *u) {
   switch (u->state) {
   case CAP__T_DEVICE:
-  case CAP__T_OUT:  /* swap-out running: the device copy is still there */
-  case CAP__T_IN:   /* prefetch issued: the replay waits for it */
-  case CAP__T_HOST: /* prefetch planned but found no room: fetched now */
+  case CAP__T_IN: /* prefetch issued: the replay waits for it */
     return NULL;
+  case CAP__T_OUT: /* swap-out running (the device copy is still there) */
+  case CAP__T_HOST:
+    /* Its prefetch fired but found no room, or the client evicted it on
+     * its own (no plan action) for lack of room: fetched now. A plan that
+     * swapped it without a prefetch by now is wrong, whether or not the
+     * copy out has finished. */
+    if (u->prefetch_due || u->out_action == CAP_NONE)
+      return NULL;
+    return "swapped out, with no prefetch issued by then";
   case CAP__T_DROPPED:
     return "dropped by the plan and not recomputed earlier in the list";
   case CAP__T_RELEASED:
@@ -662,10 +670,10 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
     if (!is_out || in_too) {
       const char *why = missing_reason(u);
       if (why) {
-        cap__set_error(c, "op %u %s: recompute of tensor %u (action %u) needs "
-                          "tensor %u for op %u %s, %s (after op %u)",
+        cap__set_error(c, "op %u %s: recompute of tensor %u (action %u): op "
+                          "%u (%s) needs tensor %u, %s (after op %u)",
                        c->op_seq, c->op_name, id, c->tensors[id].out_action,
-                       tid, list_op, op->name ? op->name : "?", why,
+                       list_op, op->name ? op->name : "?", tid, why,
                        u->gone_op);
         return CAP_ERECOMPUTE;
       }
@@ -863,6 +871,8 @@ static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
     uint32_t ai = c->x.trig[s->trig_off + i];
     const cap_action_t *a = &c->x.plan->actions[ai];
     cap__tensor_t *u = &c->tensors[a->tensor];
+    if (u->out_action == ai)
+      u->prefetch_due = 1;
     if (u->state == CAP__T_OUT) {
       /* Its swap-out is still running: finish it first (rare; the plan put
        * the trigger before the swap-out's end). */
