@@ -933,14 +933,13 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
     t->pinned++;
     c->op_ids[nu++] = id;
   }
-  if (c->x.plan && c->mode == CAP_MODE_GUIDED) {
-    for (uint32_t i = 0; i < nu; i++) {
-      const cap__slot_t *s =
-          slot_at(&c->x, c->op_ids[i], c->tensors[c->op_ids[i]].n_access + 1);
-      if (s && s->n_trig)
-        start_prefetches(c, s);
-    }
-  }
+  /* docs/plan-semantics.md: the op's own swap-ins are issued first (they
+   * overlap the recomputes), then its dropped tensors are recomputed, the op
+   * waits for its copies, and as it starts it fires the prefetches it
+   * triggers. */
+  for (uint32_t i = 0; i < nu; i++)
+    if (c->tensors[c->op_ids[i]].state == CAP__T_HOST)
+      (void)swap_in_start(c, c->op_ids[i], true); /* else: below, again */
   for (uint32_t i = 0; i < nu; i++) {
     uint32_t id = c->op_ids[i];
     if (c->tensors[id].state != CAP__T_DEVICE) {
@@ -950,6 +949,14 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
       rc = ensure_resident(c, id, is_out);
       if (rc < 0)
         goto out_unpin;
+    }
+  }
+  if (c->x.plan && c->mode == CAP_MODE_GUIDED) {
+    for (uint32_t i = 0; i < nu; i++) {
+      const cap__slot_t *s =
+          slot_at(&c->x, c->op_ids[i], c->tensors[c->op_ids[i]].n_access + 1);
+      if (s && s->n_trig)
+        start_prefetches(c, s);
     }
   }
   for (uint32_t i = 0; i < nu; i++) {

@@ -6,17 +6,17 @@
  *
  * Per op i, in this order (what the executor does in op begin and op end):
  *  1. the framework's frees due before op i starts (time <= its start);
- *  2. prefetches whose in-trigger is op i are issued;
- *  3. tensors of op i that are swapped out and not yet coming back are
+ *  2. tensors of op i that are swapped out and not yet coming back are
  *     fetched on demand;
- *  4. tensors of op i that the plan dropped are recomputed, each through its
+ *  3. tensors of op i that the plan dropped are recomputed, each through its
  *     own action's list: every input of a listed op is an output of an
  *     earlier listed op, or on the device (resident, or coming back by a
- *     prefetch issued by now: the replay waits for it) and not written in
- *     place since that op first ran; outputs that the plan had dropped are
- *     on the device again afterwards, the others are temporaries;
- *  5. op i runs: everything it names is on the device;
- *  6. the evictions after op i (swap, drop, release) take effect.
+ *     prefetch issued before op i: the replay waits for it) and not written
+ *     in place since that op first ran; outputs that the plan had dropped
+ *     are on the device again afterwards, the others are temporaries;
+ *  4. op i starts: everything it names is on the device, and the prefetches
+ *     whose in-trigger is op i are issued;
+ *  5. the evictions after op i (swap, drop, release) take effect.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,9 +243,11 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
                   uint8_t *gone) {
   const cap_profile_t *p = w->p;
   cap_action_t *a = &plan->actions[f->action];
-  if (f->lack == CAP_LACK_SWAPPED && f->by != CAP_NONE) {
+  if (f->lack == CAP_LACK_SWAPPED && f->by != CAP_NONE &&
+      back_op > f->since_op + 1) {
+    /* the latest op that can issue it in time: the one before */
     uint32_t tt, ta;
-    if (cap__trigger_name(p, back_op, f->source, &tt, &ta)) {
+    if (cap__trigger_name(p, back_op - 1, f->source, &tt, &ta)) {
       plan->actions[f->by].prefetch_tensor = tt;
       plan->actions[f->by].prefetch_access = ta;
       w->t[f->source].state = W_COMING;
@@ -311,11 +313,6 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
       x->action = CAP_NONE;
       x->since = i ? i - 1 : 0;
     }
-    for (uint32_t k = w->trig_off[i]; k < w->trig_off[i + 1]; k++) {
-      wtensor_t *x = &w->t[plan->actions[w->trig[k]].tensor];
-      if (x->state == W_SWAPPED && x->action == w->trig[k])
-        x->state = W_COMING;
-    }
     for (uint32_t j = 0; j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
       if (x->state == W_SWAPPED)
@@ -341,6 +338,11 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
       if (x->state == W_UNBORN || x->state == W_COMING)
         x->state = W_RESIDENT;
+    }
+    for (uint32_t k = w->trig_off[i]; k < w->trig_off[i + 1]; k++) {
+      wtensor_t *x = &w->t[plan->actions[w->trig[k]].tensor];
+      if (x->state == W_SWAPPED && x->action == w->trig[k])
+        x->state = W_COMING;
     }
 #undef TENSOR_OF
     for (uint32_t k = w->evict_off[i]; k < w->evict_off[i + 1]; k++) {

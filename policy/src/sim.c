@@ -4,16 +4,17 @@
  * The compute stream runs the profile's ops in order. Op i becomes ready at
  * the simulated end of op i-1 plus the trace's gap between them (the host
  * launches ops at the measured pace; a stall shifts everything after it).
- * Before op i starts, at its ready time: prefetches whose in-trigger it is
- * are issued, then on-demand swap-ins of its non-resident tensors, then
- * recompute lists of its dropped tensors run on the compute stream with
- * their measured durations (every input on the device or coming back by a
- * prefetch already issued: cap_plan_walk), then the op waits for every
- * swap-in it needs (that wait is the prefetch's lateness and counts in
- * stall_ns). At its start, its first-touched activations are allocated; at its end, the evictions
- * after it are carried out (swap: D2H issued, memory held until the copy
- * ends, the compute stream waits for it with CAP_ACTION_SYNC_OUT; recompute:
- * memory released at once).
+ * Before op i starts, at its ready time: on-demand swap-ins of its
+ * non-resident tensors are issued, then recompute lists of its dropped
+ * tensors run on the compute stream with their measured durations (every
+ * input on the device or coming back by a prefetch issued earlier:
+ * cap_plan_walk), then the op waits for every swap-in it needs (that wait
+ * is the prefetch's lateness and counts in stall_ns). At its start,
+ * prefetches whose in-trigger it is are issued and its first-touched
+ * activations are allocated; at its end, the evictions after it are carried
+ * out (swap: D2H issued, memory held until the copy ends, the compute
+ * stream waits for it with CAP_ACTION_SYNC_OUT; recompute: memory released
+ * at once).
  *
  * Frees are anchored to the op sequence so that stalls move them with the
  * ops: a free in the gap after op j (up to and including the next op's
@@ -643,15 +644,7 @@ static void simulate(sim_t *s) {
     advance_to(s, ready);
     const uint32_t *in = cap_op_inputs(p, o), *outs = cap_op_outputs(p, o);
     uint32_t n_all = o->n_in + o->n_out;
-    /* The client issues the prefetches this op triggers as the op begins,
-     * before it fetches or recomputes anything the op needs. */
-    for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
-      uint32_t ai = s->trig[k];
-      tens_t *tt = &s->t[plan->actions[ai].tensor];
-      if (tt->action == ai && (tt->state == T_HOST || tt->state == T_SWAP_OUT))
-        issue_copy(s, 2 * ai + 1, ready);
-    }
-    /* On-demand swap-ins next, so that they overlap the recomputes. */
+    /* On-demand swap-ins first, so that they overlap the recomputes. */
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       tens_t *tt = &s->t[id];
@@ -674,6 +667,12 @@ static void simulate(sim_t *s) {
     /* The op starts. */
     int64_t start = t;
     advance_to(s, start);
+    for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
+      uint32_t ai = s->trig[k];
+      tens_t *tt = &s->t[plan->actions[ai].tensor];
+      if (tt->action == ai && (tt->state == T_HOST || tt->state == T_SWAP_OUT))
+        issue_copy(s, 2 * ai + 1, start);
+    }
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       if (s->t[id].state == T_UNBORN) {

@@ -126,8 +126,8 @@ typedef struct cap_plan_fault {
 /* Walk the plan over the profile op by op, exactly as the client executes
  * it (docs/plan-semantics.md), and check that every recompute list that
  * runs finds each input of each listed op produced earlier in the list, or
- * on the device (resident, or coming back by a prefetch issued at or before
- * the back-access) and unmodified since. Nothing is restored implicitly.
+ * on the device (resident, or coming back by a prefetch issued by an op
+ * before the back-access) and unmodified since. Nothing is restored implicitly.
  * Expects a plan that passed the static checks (cap_plan_validate calls
  * this after them). Returns 0, CAP_EINVAL with *fault (may be NULL) set, or
  * CAP_ENOMEM. */
