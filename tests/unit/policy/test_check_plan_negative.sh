@@ -4,7 +4,8 @@
 # plan dropped and the list does not recompute, (b) a swapped-out source
 # whose prefetch comes after the back-access or on demand at its own later
 # back-access, (c) a source the framework freed, (d) an in-trigger after the
-# back-access (static) -- each must exit 1 naming the reason -- and the
+# back-access (static), (e) a source written in place since the listed op
+# ran, or a list missing an in-place write of its tensor -- each must exit 1 naming the reason -- and the
 # same plans made right (the list replays the dropped source's op, the
 # prefetch is triggered by the back-access) must exit 0.
 set -u
@@ -55,6 +56,11 @@ sed -e 's/^tensor 8 10 activation$/tensor 8 10 activation\ntensor 9 100 activati
     -e 's/^op 2 40 50 aten.mul.Tensor 3 4$/op 2 40 50 aten.mul.Tensor 3,9 4/' \
     -e 's/^free 95 4$/free 55 9\nfree 95 4/' "$TMP/chain.trace" >"$TMP/mask.trace"
 
+# The chain with an in-place op 3 (3 += 1) after op 2 read tensor 3; the
+# ops after it shift by one.
+awk '/^op 3 /{print "op 3 52 54 aten.add_.Tensor 3,1 3"}
+     /^op [3-6] /{$2 = $2 + 1} {print}' "$TMP/chain.trace" >"$TMP/inplace.trace"
+
 plan() { # name, actions JSON
   printf '{"trace":"tiny","budget_bytes":1000,"policy":"hand","version":1,"actions":[%s]}\n' \
     "$2" >"$TMP/$1.json"
@@ -66,6 +72,9 @@ plan b_late "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefet
 plan b_demand "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":null},$REC4"
 plan b_valid "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":{\"tensor\":5,\"access\":2}},$REC4"
 plan c_freed "$REC4"
+plan e_written '{"tensor":4,"evict_after_access":2,"method":"recompute","recompute_ops":[2]}'
+plan e_valid '{"tensor":4,"evict_after_access":2,"method":"recompute","recompute_ops":[1,2]}'
+plan e_writer '{"tensor":3,"evict_after_access":3,"method":"recompute","recompute_ops":[1]}'
 plan d_trigger '{"tensor":3,"evict_after_access":2,"method":"swap","prefetch_at":{"tensor":8,"access":1}}'
 
 # expect NAME TRACE PLAN RC [REGEX]
@@ -95,6 +104,12 @@ expect "c: list reads a source freed before the back-access" mask c_freed 1 \
 expect "c: the same plan without the freed mask" chain c_freed 0 '1 actions, 0 invalid'
 expect "d: in-trigger after the back-access (static)" chain d_trigger 1 \
   'INVALID action 0 .*static: in-trigger op 6 .*after the back-access op 5'
+
+expect "e: list reads a source written in place since" inplace e_written 1 \
+  'INVALID action 0 .*needs tensor 3: written in place by op 3 '
+expect "e: the list recomputes that source first" inplace e_valid 0 '1 actions, 0 invalid'
+expect "e: list misses an in-place write of the tensor (static)" inplace e_writer 1 \
+  'INVALID action 0 .*static: op 3 \(aten.add_.Tensor\) writes tensor 3'
 
 # Bad usage and unreadable input: 64.
 out=$("$PY" "$CHECK" "$TMP/chain.trace" 2>&1); rc=$?
