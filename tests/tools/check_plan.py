@@ -9,8 +9,8 @@ plan (capuchin-sim --emit-plan); it shares no code with policy/ so that a
 bug in the planners' walk shows up as a disagreement. Standard library only.
 
 It applies the static rules to every action, then walks the plan op by op
-(frees; triggered prefetches; on-demand prefetches; recompute lists with
-their input rules; the op; evictions) and prints one line per invalid
+(frees; on-demand prefetches; recompute lists with their input rules; the
+op, and the prefetches it triggers as it starts; evictions) and prints one line per invalid
 action: its index, tensor, the op where it failed, the missing source and
 the reason. The last line is "N actions, M invalid". As information it also
 reports the peak of device bytes at op granularity (copies are taken as
@@ -383,19 +383,13 @@ def walk(tr, actions, faults, info):
         while fp < len(frees) and frees[fp][0] <= op.start:
             free(frees[fp][1], i - 1 if i else None)
             fp += 1
-        # 2. triggered prefetches
-        for a in trig_at.get(i, ()):
-            t = a.tensor
-            if st[t] == HOST and by[t] == a.index:
-                st[t] = COMING
-                mem += tr.tbytes[t]
-        # 3. on-demand prefetches
+        # 2. on-demand prefetches
         for t in op.names:
             if st[t] == HOST:
                 st[t] = COMING
                 mem += tr.tbytes[t]
                 stalls += 1
-        # 4. recompute lists
+        # 3. recompute lists
         for t in op.names:
             if st[t] != DROPPED:
                 continue
@@ -438,7 +432,7 @@ def walk(tr, actions, faults, info):
             if st[t] == DROPPED:  # defensive: the list did not produce it
                 st[t] = DEV
                 mem += tr.tbytes[t]
-        # 5. the op runs
+        # 4. the op starts: what it names is on the device
         for t in op.names:
             if st[t] == COMING:
                 st[t] = DEV
@@ -450,9 +444,15 @@ def walk(tr, actions, faults, info):
                             "freed" if st[t] == FREED else "released"))
                 st[t] = DEV
                 mem += tr.tbytes[t]
+        # ... and, as it starts, the prefetches it triggers are issued
+        for a in trig_at.get(i, ()):
+            t = a.tensor
+            if st[t] == HOST and by[t] == a.index:
+                st[t] = COMING
+                mem += tr.tbytes[t]
         if mem > peak:
             peak, peak_op = mem, i
-        # 6. frees strictly inside op i, then evictions
+        # 5. frees strictly inside op i, then evictions
         while fp < len(frees) and frees[fp][0] < op.end:
             free(frees[fp][1], i)
             fp += 1

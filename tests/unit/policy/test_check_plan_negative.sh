@@ -2,12 +2,13 @@
 # The outsider plan checker (tests/tools/check_plan.py) can fail: tiny
 # hand-made traces and plans where a recompute list reads (a) a source the
 # plan dropped and the list does not recompute, (b) a swapped-out source
-# whose prefetch comes after the back-access or on demand at its own later
-# back-access, (c) a source the framework freed, (d) an in-trigger after the
+# whose prefetch comes with or after the back-access (a prefetch is issued
+# as its trigger op starts, after that op's lists) or on demand at its own
+# later back-access, (c) a source the framework freed, (d) an in-trigger after the
 # back-access (static), (e) a source written in place since the listed op
 # ran, or a list missing an in-place write of its tensor -- each must exit 1 naming the reason -- and the
 # same plans made right (the list replays the dropped source's op, the
-# prefetch is triggered by the back-access) must exit 0.
+# prefetch is triggered by the op before the back-access) must exit 0.
 set -u
 SRC=${CAP_SOURCE_DIR:-$(cd "$(dirname "$0")/../../.." && pwd)}
 CHECK=$SRC/tests/tools/check_plan.py
@@ -70,7 +71,8 @@ plan a_dropped "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"recompute\",
 plan a_valid "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"recompute\",\"recompute_ops\":[1]},{\"tensor\":4,\"evict_after_access\":2,\"method\":\"recompute\",\"recompute_ops\":[1,2]}"
 plan b_late "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":{\"tensor\":6,\"access\":2}},$REC4"
 plan b_demand "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":null},$REC4"
-plan b_valid "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":{\"tensor\":5,\"access\":2}},$REC4"
+plan b_same "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":{\"tensor\":5,\"access\":2}},$REC4"
+plan b_valid "{\"tensor\":3,\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":{\"tensor\":5,\"access\":1}},$REC4"
 plan c_freed "$REC4"
 plan e_written '{"tensor":4,"evict_after_access":2,"method":"recompute","recompute_ops":[2]}'
 plan e_valid '{"tensor":4,"evict_after_access":2,"method":"recompute","recompute_ops":[1,2]}'
@@ -98,7 +100,10 @@ expect "b: source's prefetch triggered after the back-access" chain b_late 1 \
   'INVALID action 1 .*needs tensor 3: swapped out .*no prefetch issued by op 4'
 expect "b: source's prefetch on demand at its own later access" chain b_demand 1 \
   'INVALID action 1 .*needs tensor 3: swapped out .*no prefetch issued by op 4'
-expect "b: source's prefetch triggered by the back-access" chain b_valid 0 '2 actions, 0 invalid'
+# a prefetch is issued as its trigger op starts, after that op's lists
+expect "b: source's prefetch triggered by the back-access itself" chain b_same 1 \
+  'INVALID action 1 .*needs tensor 3: swapped out .*no prefetch issued by op 4'
+expect "b: source's prefetch triggered by the op before" chain b_valid 0 '2 actions, 0 invalid'
 expect "c: list reads a source freed before the back-access" mask c_freed 1 \
   'INVALID action 0 .*needs tensor 9: freed by the framework after op 2'
 expect "c: the same plan without the freed mask" chain c_freed 0 '1 actions, 0 invalid'
