@@ -182,6 +182,7 @@ void cap_client_destroy(cap_client_t *c) {
   free(c->pending_fb);
   free(c->fb);
   free(c->failed);
+  cap__iter_errors_free(c->pending_errors);
   cap__oplog_close(&c->log_cur);
   cap__oplog_close(&c->log_last);
   cap__dev_close(c);
@@ -450,6 +451,41 @@ static void update_signature(cap_client_t *c) {
   cap_profile_destroy(p);
 }
 
+void cap__iter_errors_free(cap__iter_errors_t *e) {
+  while (e) {
+    cap__iter_errors_t *next = e->next;
+    free(e->failed);
+    free(e);
+    e = next;
+  }
+}
+
+/* What went wrong in this iteration, for the daemon: the op errors and the
+ * actions that fell back since the last report. NULL when nothing did (or
+ * out of memory: the report is advisory). */
+static cap__iter_errors_t *iter_errors(cap_client_t *c) {
+  uint32_t n_new = c->n_failed - c->n_failed_sent;
+  if (!c->it.op_errors && !n_new)
+    return NULL;
+  cap__iter_errors_t *e = calloc(1, sizeof *e);
+  if (!e)
+    return NULL;
+  if (n_new) {
+    e->failed = malloc((size_t)n_new * sizeof *e->failed);
+    if (!e->failed) {
+      free(e);
+      return NULL;
+    }
+    memcpy(e->failed, c->failed + c->n_failed_sent, n_new * sizeof *e->failed);
+    e->n_failed = n_new;
+    c->n_failed_sent = c->n_failed;
+  }
+  e->iteration = c->iteration;
+  e->op_errors = c->it.op_errors;
+  memcpy(e->first_error, c->it.first_error, sizeof e->first_error);
+  return e;
+}
+
 int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
   if (!c)
     return CAP_EINVAL;
@@ -480,8 +516,15 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
     if (c->mode == CAP_MODE_MEASURED)
       update_signature(c);
   }
-  /* Hand the stats and the feedback to the reporter. */
+  /* Hand the stats, the errors and the feedback to the reporter. */
+  cap__iter_errors_t *errs = iter_errors(c);
   pthread_mutex_lock(&c->mu);
+  if (errs) {
+    cap__iter_errors_t **tail = &c->pending_errors;
+    while (*tail)
+      tail = &(*tail)->next;
+    *tail = errs;
+  }
   if (c->mode == CAP_MODE_GUIDED && c->n_fb) {
     cap_feedback_t *f =
         realloc(c->pending_fb, (size_t)(c->n_pending_fb + c->n_fb) * sizeof *f);

@@ -177,6 +177,25 @@ typedef struct cap__xplan {
                              failed or unavailable) */
 } cap__xplan_t;
 
+/* A plan action named by what it evicts (unique within a plan). */
+typedef struct cap__action_key {
+  uint32_t tensor, access;
+} cap__action_key_t;
+
+/* What went wrong in one iteration, for its IterationEnd: built by the owner
+ * thread at the iteration's end (only when something did), taken by the
+ * reporter thread when it sends that IterationEnd. */
+typedef struct cap__iter_errors {
+  struct cap__iter_errors *next;
+  uint32_t iteration;
+  uint32_t op_errors;
+  cap__action_key_t *failed; /* actions that fell back this iteration */
+  uint32_t n_failed;
+  char first_error[256];
+} cap__iter_errors_t;
+
+void cap__iter_errors_free(cap__iter_errors_t *e); /* a whole list */
+
 /* One op of an iteration's log (lineage for recompute). */
 typedef struct cap__oplog_op {
   const char *name;
@@ -267,12 +286,11 @@ struct cap_client {
   uint32_t n_fb, cap_fb;
   cap_recompute_fn recompute;
   void *recompute_user;
-  /* Evictions that failed this job, as (tensor, evicted-access): every plan
-   * version installed later carries them out as swaps (fallback). */
-  struct cap__failed_action {
-    uint32_t tensor, access;
-  } *failed;
-  uint32_t n_failed, cap_failed;
+  /* Evictions that failed this job: every plan version installed later
+   * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
+   * been handed to the reporter. */
+  cap__action_key_t *failed;
+  uint32_t n_failed, cap_failed, n_failed_sent;
 
   /* Reporter (reporter.c). */
   cap__ring_t ring;
@@ -289,6 +307,7 @@ struct cap_client {
   cap_feedback_t *pending_fb;
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
+  cap__iter_errors_t *pending_errors; /* oldest first */
   uint32_t ack_version;        /* plan version to acknowledge, 0 none */
   uint32_t ack_session;        /* session that sent it (a plan is acked
                                   only to the session it came from) */

@@ -583,16 +583,20 @@ static void fall_back(cap_client_t *c, uint32_t id) {
     return;
   const cap_action_t *a = &c->x.plan->actions[t->out_action];
   c->x.fallback[t->out_action] = 1;
+  for (uint32_t i = 0; i < c->n_failed; i++)
+    if (c->failed[i].tensor == a->tensor &&
+        c->failed[i].access == a->evict_after_access)
+      return;
   if (c->n_failed == c->cap_failed) {
     uint32_t n = c->cap_failed ? c->cap_failed * 2 : 16;
-    struct cap__failed_action *f = realloc(c->failed, (size_t)n * sizeof *f);
+    cap__action_key_t *f = realloc(c->failed, (size_t)n * sizeof *f);
     if (!f)
       return; /* this version still falls back; a later one may not */
     c->failed = f;
     c->cap_failed = n;
   }
   c->failed[c->n_failed++] =
-      (struct cap__failed_action){a->tensor, a->evict_after_access};
+      (cap__action_key_t){a->tensor, a->evict_after_access};
 }
 
 /* A list's outputs that are not live tensors, kept until the list ends

@@ -436,8 +436,48 @@ static void rep_iter_end(rep_t *r, const cap__rec_t *a, const cap__rec_t *b) {
   ie.recompute_ops = v[2];
   ie.has_evictions = 1;
   ie.evictions = v[3];
+  /* What went wrong in this iteration (older reports whose IterationEnd
+   * was lost with the ring are dropped). */
+  cap__iter_errors_t *errs = NULL;
+  pthread_mutex_lock(&c->mu);
+  while (c->pending_errors && c->pending_errors->iteration <= ie.iteration) {
+    cap__iter_errors_t *e = c->pending_errors;
+    c->pending_errors = e->next;
+    e->next = NULL;
+    if (e->iteration == ie.iteration) {
+      cap__iter_errors_free(errs);
+      errs = e;
+    } else {
+      cap__iter_errors_free(e);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  Capuchin__ActionKey *acts = NULL, **act_ptrs = NULL;
+  if (errs) {
+    if (errs->op_errors) {
+      ie.has_op_errors = 1;
+      ie.op_errors = errs->op_errors;
+      ie.error = errs->first_error;
+    }
+    acts = calloc(errs->n_failed ? errs->n_failed : 1, sizeof *acts);
+    act_ptrs = calloc(errs->n_failed ? errs->n_failed : 1, sizeof *act_ptrs);
+    if (acts && act_ptrs) {
+      for (uint32_t i = 0; i < errs->n_failed; i++) {
+        capuchin__action_key__init(&acts[i]);
+        acts[i].has_tensor = acts[i].has_evict_after_access = 1;
+        acts[i].tensor = errs->failed[i].tensor;
+        acts[i].evict_after_access = errs->failed[i].access;
+        act_ptrs[i] = &acts[i];
+      }
+      ie.n_failed_actions = errs->n_failed;
+      ie.failed_actions = act_ptrs;
+    }
+  }
   if (r->fd >= 0 && r->welcomed)
     rep_queue_msg(r, &ie);
+  free(acts);
+  free(act_ptrs);
+  cap__iter_errors_free(errs);
 
   cap_feedback_t *fb = NULL;
   uint32_t n_fb = 0, fb_version = 0;

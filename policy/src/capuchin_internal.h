@@ -214,6 +214,15 @@ uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
 bool cap__trigger_name(const cap_profile_t *p, uint32_t t, uint32_t x,
                        uint32_t *tensor, uint32_t *access);
 
+/* The in-trigger (tt, ta) for swap action a that starts its prefetch
+ * stall_ns + step_ns earlier than now (its current trigger, or its
+ * back-access when on demand), but after its evicted-access; the earliest
+ * such trigger when none starts that early. false when there is none
+ * (refine.c). */
+bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
+                          int64_t stall_ns, int64_t step_ns, uint32_t *tt,
+                          uint32_t *ta);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and

@@ -35,9 +35,7 @@ static int find_swap(const cap_plan_t *plan, const cap_feedback_t *f) {
   return -1;
 }
 
-/* The earlier in-trigger for action a late by stall_ns; false when it is
- * already at the earliest possible one. */
-static bool earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
+bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                             int64_t stall_ns, int64_t step_ns, uint32_t *tt,
                             uint32_t *ta) {
   uint32_t evict_op =
@@ -134,7 +132,7 @@ int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
     move_t m = {
         ai, fb[i].stall_ns, a->prefetch_tensor, a->prefetch_access, CAP_NONE,
         0};
-    if (earlier_trigger(p, a, fb[i].stall_ns, step, &m.new_tensor,
+    if (cap__earlier_trigger(p, a, fb[i].stall_ns, step, &m.new_tensor,
                         &m.new_access) &&
         (m.new_tensor != m.old_tensor || m.new_access != m.old_access))
       mv[n_mv++] = m;

@@ -304,6 +304,20 @@ static int v_iteration_end(vctx_t *c, const Capuchin__IterationEnd *m) {
     return FAIL(c, CAP_ERANGE, "mode %d is not a mode", (int)m->mode);
   if (m->has_recompute_ns)
     CHECK_RC(check_ns(c, m->recompute_ns, "recompute_ns"));
+  CHECK_RC(check_str(c, m->error, "error", false, false, c->lim->max_name_len));
+  CHECK_RC(check_count(c, m->n_failed_actions, "failed_actions"));
+  for (size_t i = 0; i < m->n_failed_actions; i++) {
+    const Capuchin__ActionKey *a = m->failed_actions[i];
+    if (!a || !a->has_tensor || !a->has_evict_after_access)
+      return FAIL(c, CAP_EINVAL, "failed_actions[%zu]: missing %s", i,
+                  !a ? "entry" : !a->has_tensor ? "tensor" : "evict_after_access");
+    if (a->tensor >= c->lim->max_tensor_id)
+      return FAIL(c, CAP_ERANGE, "failed_actions[%zu]: tensor %u out of range",
+                  i, a->tensor);
+    if (a->evict_after_access == 0)
+      return FAIL(c, CAP_ERANGE, "failed_actions[%zu]: evict_after_access 0",
+                  i);
+  }
   return 0;
 }
 

@@ -58,4 +58,25 @@ int cap_plan_refine(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_feedback_t *fb, uint32_t n_fb,
                     const cap_plan_config_t *cfg);
 
+/* A plan action named by what it evicts: tensor after access
+ * evict_after_access (unique within a plan). */
+typedef struct cap_action_key {
+  uint32_t tensor;
+  uint32_t evict_after_access;
+} cap_action_key_t;
+
+/* The client could not carry out these actions (a recompute list whose
+ * input was missing, a release the iteration outlived) and swaps those
+ * tensors instead for the rest of the job: make the plan say so. A recompute
+ * becomes a swap whose prefetch is triggered to land just in time with idle
+ * copy engines (cfg->trigger_margin_ns early), on demand when that does not
+ * fit the budget; a failed release or swap is dropped (the tensor stays).
+ * The plan is then made explicit again, validated and simulated;
+ * plan->version goes up by one when anything changed. Keys that name no
+ * action of the plan are ignored (an older version's). Returns 0,
+ * CAP_EINVAL, or CAP_ENOMEM with the plan untouched. */
+int cap_plan_fall_back(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_action_key_t *keys, uint32_t n_keys,
+                       const cap_plan_config_t *cfg);
+
 #endif /* CAPUCHIN_PLANNER_H */
