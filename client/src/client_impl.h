@@ -328,21 +328,61 @@ void cap__set_error(cap_client_t *c, const char *fmt, ...)
 int cap__tensor_grow(cap_client_t *c, uint32_t n);
 void cap__note_peak(cap_client_t *c);
 
-/* executor.c */
+/* plan_index.c: install a plan (takes ownership), clear it; the slot of
+ * access k of tensor t (NULL when the plan has nothing there). */
 int cap__x_install(cap_client_t *c, cap_plan_t *plan);
 void cap__x_clear(cap_client_t *c);
+static inline const cap__slot_t *cap__slot_at(const cap__xplan_t *x,
+                                               uint32_t t, uint32_t k) {
+  if (t >= x->n_tensors)
+    return NULL;
+  uint32_t off = x->slot_off[t], n = x->slot_off[t + 1] - off;
+  if (k == 0 || k > n)
+    return NULL;
+  return &x->slots[off + k - 1];
+}
+
+/* oplog.c */
+int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
+                   uint32_t n_in, const uint32_t *out, uint32_t n_out);
+void cap__oplog_close(cap__oplog_t *l);
+
+/* executor.c: the hot path. */
 int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
                   uint32_t n_in, const uint32_t *out, uint32_t n_out,
                   void **in_ptrs, void **out_ptrs);
 int cap__op_end(cap_client_t *c);
-/* Allocate device memory for tensor t (state DECLARED/HOST/...), evicting
- * LRU tensors synchronously when over budget. */
-int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
-void cap__reap(cap_client_t *c, bool wait_all);
 int cap__release_tensor(cap_client_t *c, uint32_t id);
-int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
-                   uint32_t n_in, const uint32_t *out, uint32_t n_out);
-void cap__oplog_close(cap__oplog_t *l);
+
+/* retire.c: memory a copy still uses, released when its event completes;
+ * a finished swap-out moves its tensor to HOST (a failed one back to the
+ * device). */
+int cap__retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
+                     uint64_t host_bytes, uint32_t tensor);
+void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status);
+/* Release what finished copies hold (wait_all: wait for every copy). */
+void cap__reap(cap_client_t *c, bool wait_all);
+/* The pending swap-out of tensor, or NULL. */
+cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor);
+/* Wait for the oldest pending copy that frees device memory; false when
+ * there is none. */
+bool cap__retire_wait_one(cap_client_t *c);
+
+/* evict.c: swap tensor id out (action: the plan's, or CAP_NONE for an
+ * on-demand eviction; sync: the compute stream waits for the copy). */
+int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync);
+/* Allocate device memory, making room when over budget (may_evict: by
+ * swapping out least recently used tensors synchronously). */
+int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
+
+/* restore.c: start the H2D copy of a tensor on the host (may_evict: make
+ * room); make tensor id usable by the op being begun (is_output: the op
+ * only writes it), whatever state it is in. */
+int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict);
+int cap__ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
+
+/* recompute.c: run the recompute list of dropped tensor id's action. */
+int cap__recompute(cap_client_t *c, uint32_t id);
 
 /* reporter.c */
 int cap__reporter_start(cap_client_t *c);

@@ -1,0 +1,182 @@
+/*
+ * Evictions: swap-outs (planned, or synchronous on demand), and making room
+ * for an allocation that does not fit: finished copies first, then running
+ * swap-outs, then a window of neighbours (fragmentation) or the least
+ * recently used tensor.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
+  cap__tensor_t *t = &c->tensors[id];
+  void *host = NULL;
+  cap__ev_t *ev = NULL;
+  int rc = cap__host_alloc(c, t->bytes, &host);
+  if (rc < 0)
+    return rc;
+  rc = cap__copy_d2h(c, host, t->dev, t->bytes, &ev);
+  if (rc < 0)
+    goto out_free_host;
+  if (sync) {
+    int64_t t0 = cap__now_ns(c);
+    rc = cap__ev_sync(c, ev);
+    int64_t w = cap__now_ns(c) - t0;
+    c->it.stall_ns += w;
+    atomic_fetch_add(&c->ctr.stall_ns, w);
+    cap__ev_release(c, ev);
+    if (rc < 0)
+      goto out_free_host;
+    cap__dev_free(c, t->dev);
+    t->dev = NULL;
+    t->host = host;
+    t->state = CAP__T_HOST;
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  } else {
+    rc = cap__retire_push(c, ev, t->dev, NULL, 0, id);
+    if (rc < 0) {
+      cap__ev_sync(c, ev);
+      cap__ev_release(c, ev);
+      goto out_free_host;
+    }
+    t->host = host;
+    t->state = CAP__T_OUT;
+  }
+  t->out_action = action;
+  t->prefetch_due = 0;
+  t->gone_op = c->op_seq ? c->op_seq - 1 : 0;
+  c->it.bytes_out += t->bytes;
+  c->it.evictions++;
+  atomic_fetch_add(&c->ctr.bytes_out, t->bytes);
+  atomic_fetch_add(&c->ctr.evictions, 1);
+  return 0;
+out_free_host:
+  cap__host_free(c, host, t->bytes);
+  return rc;
+}
+
+/* Passive mode: swap out the least recently used evictable tensor
+ * synchronously. false when none is left. */
+static bool evict_lru(cap_client_t *c) {
+  uint32_t best = CAP_NONE;
+  uint64_t best_lru = UINT64_MAX;
+  /* Transient tensors first; persistent ones (weights, optimizer state)
+   * only when nothing else is left, e.g. an optimizer op whose own tensors
+   * fill the budget: the job goes on rather than fail. */
+  for (int pass = 0; pass < 2 && best == CAP_NONE; pass++) {
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+      const cap__tensor_t *t = &c->tensors[i];
+      if (t->state == CAP__T_DEVICE && t->persistent == pass && !t->pinned &&
+          t->lru < best_lru) {
+        best = i;
+        best_lru = t->lru;
+      }
+    }
+  }
+  if (best == CAP_NONE)
+    return false;
+  if (cap__swap_out(c, best, CAP_NONE, true) != 0)
+    return false;
+  c->it.lru_evictions++;
+  return true;
+}
+
+/* Fragmentation: the budget has room but no free chunk is big enough.
+ * Swap out the few tensors that sit between free chunks (the cheapest run,
+ * cap_bfc_find_window) instead of LRU victims that may lie anywhere. */
+typedef struct {
+  const void *ptr;
+  uint32_t id;
+  uint32_t weight; /* 1 least recently used .. 16 most */
+  uint64_t lru;
+} dev_owner_t;
+
+static int owner_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const dev_owner_t *)a)->ptr;
+  uintptr_t y = (uintptr_t)((const dev_owner_t *)b)->ptr;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct {
+  dev_owner_t *v;
+  uint32_t n;
+} owners_t;
+
+static const dev_owner_t *owner_of(const owners_t *o, const void *ptr) {
+  dev_owner_t key = {ptr, 0, 0, 0};
+  return bsearch(&key, o->v, o->n, sizeof *o->v, owner_cmp);
+}
+
+static int lru_cmp(const void *a, const void *b) {
+  uint64_t x = ((const dev_owner_t *)a)->lru, y = ((const dev_owner_t *)b)->lru;
+  return x < y ? -1 : x > y;
+}
+
+/* Bytes weighted by recency: a run of cold tensors beats a slightly
+ * smaller run of tensors the next ops are likely to read. */
+static uint32_t owner_weight(void *ctx, const void *ptr) {
+  const dev_owner_t *w = owner_of(ctx, ptr);
+  return w ? w->weight : 0;
+}
+
+#define DEFRAG_MAX 64u /* tensors one window may evict */
+
+static bool evict_window(cap_client_t *c, uint64_t bytes) {
+  owners_t o = {malloc((c->n_tensors ? c->n_tensors : 1) * sizeof *o.v), 0};
+  if (!o.v)
+    return false;
+  for (uint32_t i = 0; i < c->n_tensors; i++) {
+    const cap__tensor_t *t = &c->tensors[i];
+    if (t->state == CAP__T_DEVICE && !t->pinned && t->dev)
+      o.v[o.n++] = (dev_owner_t){t->dev, i, 0, t->lru};
+  }
+  /* recency rank -> weight 1..16 */
+  qsort(o.v, o.n, sizeof *o.v, lru_cmp);
+  for (uint32_t i = 0; i < o.n; i++)
+    o.v[i].weight = 1 + (uint32_t)((uint64_t)i * 16 / (o.n ? o.n : 1));
+  qsort(o.v, o.n, sizeof *o.v, owner_cmp);
+  void *win[DEFRAG_MAX];
+  int n = cap__dev_find_window(c, bytes, owner_weight, &o, win, DEFRAG_MAX);
+  bool ok = n > 0;
+  for (int i = 0; i < n && ok; i++) {
+    const dev_owner_t *w = owner_of(&o, win[i]);
+    ok = w && cap__swap_out(c, w->id, CAP_NONE, true) == 0;
+    if (ok)
+      c->it.lru_evictions++;
+  }
+  free(o.v);
+  return ok;
+}
+
+int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
+  for (;;) {
+    int rc = cap__dev_alloc(c, bytes, p);
+    if (rc == 0) {
+      cap__note_peak(c);
+      return 0;
+    }
+    if (rc != CAP_EBUDGET)
+      return rc;
+    /* Memory that finished copies hold comes back first, then memory that
+     * running swap-outs will release, and only then do we swap out more. */
+    uint32_t before = c->n_retire;
+    cap__reap(c, false);
+    if (c->n_retire != before)
+      continue;
+    if (cap__retire_wait_one(c))
+      continue;
+    if (may_evict && cap__dev_budget_has_room(c, bytes) &&
+        evict_window(c, bytes))
+      continue;
+    if (!may_evict || !evict_lru(c)) {
+      cap__set_error(c, "allocation of %llu bytes does not fit the budget of "
+                        "%llu bytes (%llu in use)",
+                     (unsigned long long)bytes,
+                     (unsigned long long)c->budget_bytes,
+                     (unsigned long long)cap__dev_in_use(c));
+      return CAP_EBUDGET;
+    }
+  }
+}

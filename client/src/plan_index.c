@@ -1,0 +1,141 @@
+/*
+ * The installed plan's index: every action found by (tensor, access) in
+ * O(1) on the hot path, the prefetches each access triggers, and which
+ * actions fall back to a swap (no lineage yet, or failed earlier in the
+ * job).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+void cap__x_clear(cap_client_t *c) {
+  cap__xplan_t *x = &c->x;
+  cap_plan_destroy(x->plan);
+  free(x->slot_off);
+  free(x->slots);
+  free(x->trig);
+  free(x->fallback);
+  memset(x, 0, sizeof *x);
+}
+
+static bool recompute_usable(cap_client_t *c, const cap_plan_t *p,
+                             const cap_action_t *a) {
+  if (cap_action_is_release(a))
+    return true; /* nothing to replay */
+  if (!c->recompute || !c->log_last_valid || a->n_recompute == 0)
+    return false;
+  const uint32_t *ops = cap_action_recompute_ops(p, a);
+  for (uint32_t i = 0; i < a->n_recompute; i++)
+    if (ops[i] >= c->log_last.n_ops)
+      return false;
+  /* The last op must produce the tensor. */
+  const cap__oplog_op_t *last = &c->log_last.ops[ops[a->n_recompute - 1]];
+  const uint32_t *outs = c->log_last.ids + last->off + last->n_in;
+  for (uint32_t i = 0; i < last->n_out; i++)
+    if (outs[i] == a->tensor)
+      return true;
+  return false;
+}
+
+/* Build the (tensor, access) index of a plan and make it the installed one.
+ * Takes ownership of plan. Actions naming unknown tensors are refused as a
+ * whole (the plan was made for another job). */
+int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
+  int rc = CAP_ENOMEM;
+  cap__xplan_t x = {0};
+  uint32_t nt = c->n_tensors;
+  uint32_t *maxk = NULL, *ntrig = NULL;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->tensor >= nt || a->evict_after_access == 0 ||
+        a->evict_after_access == UINT32_MAX ||
+        (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE &&
+         (a->prefetch_tensor >= nt || a->prefetch_access == 0)) ||
+        (a->method != CAP_METHOD_SWAP && a->method != CAP_METHOD_RECOMPUTE) ||
+        (a->method == CAP_METHOD_RECOMPUTE &&
+         (uint64_t)a->recompute_off + a->n_recompute > plan->n_recompute_ops)) {
+      cap__set_error(c, "plan v%u: action %u (tensor %u) does not fit this job",
+                     plan->version, i, a->tensor);
+      cap_plan_destroy(plan);
+      return CAP_EINVAL;
+    }
+  }
+  maxk = calloc(nt ? nt : 1, sizeof *maxk);
+  ntrig = calloc(nt ? nt : 1, sizeof *ntrig);
+  x.slot_off = calloc((size_t)nt + 1, sizeof *x.slot_off);
+  x.fallback = calloc(plan->n_actions ? plan->n_actions : 1, 1);
+  if (!maxk || !ntrig || !x.slot_off || !x.fallback)
+    goto out;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->evict_after_access > maxk[a->tensor])
+      maxk[a->tensor] = a->evict_after_access;
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE &&
+        a->prefetch_access > maxk[a->prefetch_tensor])
+      maxk[a->prefetch_tensor] = a->prefetch_access;
+    if (a->method == CAP_METHOD_RECOMPUTE && !recompute_usable(c, plan, a))
+      x.fallback[i] = 1;
+    for (uint32_t f = 0; f < c->n_failed; f++)
+      if (c->failed[f].tensor == a->tensor &&
+          c->failed[f].access == a->evict_after_access)
+        x.fallback[i] = 1;
+  }
+  uint64_t total = 0;
+  for (uint32_t t = 0; t < nt; t++) {
+    x.slot_off[t] = (uint32_t)total;
+    total += maxk[t];
+  }
+  x.slot_off[nt] = (uint32_t)total;
+  x.slots = malloc((total ? total : 1) * sizeof *x.slots);
+  x.trig = malloc((plan->n_actions ? plan->n_actions : 1) * sizeof *x.trig);
+  if (!x.slots || !x.trig)
+    goto out;
+  for (uint64_t s = 0; s < total; s++)
+    x.slots[s] = (cap__slot_t){CAP_NONE, 0, 0};
+  /* Count triggers per slot, then lay them out. */
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    cap__slot_t *s = &x.slots[x.slot_off[a->tensor] + a->evict_after_access - 1];
+    if (s->evict != CAP_NONE) {
+      cap__set_error(c, "plan v%u: two actions evict tensor %u after access %u",
+                     plan->version, a->tensor, a->evict_after_access);
+      rc = CAP_EINVAL;
+      goto out;
+    }
+    s->evict = i;
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE)
+      x.slots[x.slot_off[a->prefetch_tensor] + a->prefetch_access - 1].n_trig++;
+  }
+  uint32_t off = 0;
+  for (uint64_t s = 0; s < total; s++) {
+    x.slots[s].trig_off = off;
+    off += x.slots[s].n_trig;
+    x.slots[s].n_trig = 0;
+  }
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method == CAP_METHOD_SWAP && a->prefetch_tensor != CAP_NONE) {
+      cap__slot_t *s =
+          &x.slots[x.slot_off[a->prefetch_tensor] + a->prefetch_access - 1];
+      x.trig[s->trig_off + s->n_trig++] = i;
+    }
+  }
+  x.plan = plan;
+  x.n_tensors = nt;
+  cap__x_clear(c);
+  c->x = x;
+  free(maxk);
+  free(ntrig);
+  return 0;
+out:
+  free(maxk);
+  free(ntrig);
+  free(x.slot_off);
+  free(x.slots);
+  free(x.trig);
+  free(x.fallback);
+  cap_plan_destroy(plan);
+  return rc;
+}

@@ -1,0 +1,238 @@
+/*
+ * Recompute lists, run exactly as the plan writes them
+ * (docs/plan-semantics.md): each listed op replayed through the framework's
+ * callback, reading earlier listed ops' outputs or tensors on the device,
+ * never an implicit restore.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+/* Why a listed op's input is not there, in the words of
+ * docs/plan-semantics.md; NULL when it is there (or coming back). */
+static const char *missing_reason(const cap__tensor_t *u) {
+  switch (u->state) {
+  case CAP__T_DEVICE:
+  case CAP__T_IN: /* prefetch issued: the replay waits for it */
+    return NULL;
+  case CAP__T_OUT: /* swap-out running (the device copy is still there) */
+  case CAP__T_HOST:
+    /* Its prefetch fired but found no room, or the client evicted it on
+     * its own (no plan action) for lack of room: fetched now. A plan that
+     * swapped it without a prefetch by now is wrong, whether or not the
+     * copy out has finished. */
+    if (u->prefetch_due || u->out_action == CAP_NONE)
+      return NULL;
+    return "swapped out, with no prefetch issued by then";
+  case CAP__T_DROPPED:
+    return "dropped by the plan and not recomputed earlier in the list";
+  case CAP__T_RELEASED:
+    return "released by the plan";
+  case CAP__T_LOST:
+    return "lost (an earlier recompute of it failed)";
+  default:
+    return "freed by the framework";
+  }
+}
+
+/* A list's outputs that are not live tensors, kept until the list ends
+ * because a later listed op may read them. */
+typedef struct list_temp {
+  uint32_t id;
+  void *ptr;
+} list_temp_t;
+
+typedef struct list_run {
+  list_temp_t *temps;
+  uint32_t n_temps, cap_temps;
+  uint32_t *restored; /* tensors the list brought back to the device */
+  uint32_t n_restored, cap_restored;
+} list_run_t;
+
+static void *temp_of(const list_run_t *r, uint32_t id) {
+  for (uint32_t i = 0; i < r->n_temps; i++)
+    if (r->temps[i].id == id)
+      return r->temps[i].ptr;
+  return NULL;
+}
+
+static int push_u32(uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t x) {
+  if (*n == *cap) {
+    uint32_t nc = *cap ? *cap * 2 : 16;
+    uint32_t *nv = realloc(*v, (size_t)nc * sizeof *nv);
+    if (!nv)
+      return CAP_ENOMEM;
+    *v = nv;
+    *cap = nc;
+  }
+  (*v)[(*n)++] = x;
+  return 0;
+}
+
+static int push_temp(list_run_t *r, uint32_t id, void *ptr) {
+  if (r->n_temps == r->cap_temps) {
+    uint32_t nc = r->cap_temps ? r->cap_temps * 2 : 16;
+    list_temp_t *nt = realloc(r->temps, (size_t)nc * sizeof *nt);
+    if (!nt)
+      return CAP_ENOMEM;
+    r->temps = nt;
+    r->cap_temps = nc;
+  }
+  r->temps[r->n_temps++] = (list_temp_t){id, ptr};
+  return 0;
+}
+
+/* Device pointers for one listed op: inputs from earlier listed ops'
+ * temporaries or from the device (waiting for a prefetch in flight), outputs
+ * into restored tensors or fresh temporaries. Pins what it reads; *n_pin
+ * counts the leading ids pinned. */
+static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
+                   const cap__oplog_op_t *op, const uint32_t *ids, void **ptrs,
+                   uint8_t *pinned, list_run_t *r) {
+  uint32_t n = op->n_in + op->n_out;
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t tid = ids[j];
+    if (tid >= c->n_tensors) {
+      cap__set_error(c, "op %u %s: recompute of tensor %u: listed op %u names "
+                        "unknown tensor %u",
+                     c->op_seq, c->op_name, id, list_op, tid);
+      return CAP_ERECOMPUTE;
+    }
+    cap__tensor_t *u = &c->tensors[tid];
+    bool is_out = j >= op->n_in, in_too = false;
+    for (uint32_t k = 0; k < op->n_in && is_out; k++)
+      in_too |= ids[k] == tid;
+    void *tp = temp_of(r, tid);
+    if (tp) { /* produced earlier in the list */
+      ptrs[j] = tp;
+      continue;
+    }
+    if (!is_out || in_too) {
+      const char *why = missing_reason(u);
+      if (why) {
+        cap__set_error(c, "op %u %s: recompute of tensor %u (action %u): op "
+                          "%u (%s) needs tensor %u, %s (after op %u)",
+                       c->op_seq, c->op_name, id, c->tensors[id].out_action,
+                       list_op, op->name ? op->name : "?", tid, why,
+                       u->gone_op);
+        return CAP_ERECOMPUTE;
+      }
+      int rc = cap__ensure_resident(c, tid, false);
+      if (rc < 0)
+        return rc;
+      ptrs[j] = u->dev;
+      u->pinned++;
+      pinned[j] = 1;
+      continue;
+    }
+    void *p = NULL;
+    int rc = cap__alloc_for(c, u->bytes ? u->bytes : 1, &p, true);
+    if (rc < 0)
+      return rc;
+    ptrs[j] = p;
+    if (tid == id || u->state == CAP__T_DROPPED) {
+      /* restored for good (DESIGN.md: one replay restores every dropped
+       * tensor of the segment), filled by the callback */
+      rc = push_u32(&r->restored, &r->n_restored, &r->cap_restored, tid);
+      if (rc < 0) {
+        cap__dev_free(c, p);
+        return rc;
+      }
+      u->dev = p;
+      u->state = CAP__T_DEVICE;
+      u->lru = ++c->tick;
+      u->pinned++;
+      pinned[j] = 1;
+    } else if ((rc = push_temp(r, tid, p)) < 0) {
+      /* the live tensor, if any, is not touched */
+      cap__dev_free(c, p);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* Replay the lineage ops of a dropped tensor through the framework, exactly
+ * as the plan lists them: every input of a listed op is an output of an
+ * earlier listed op or on the device (docs/plan-semantics.md). Nothing is
+ * recomputed implicitly; a missing input fails the list with a message
+ * naming the op, the tensor, the action and the reason, and the list leaves
+ * nothing behind. */
+int cap__recompute(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  const cap__xplan_t *x = &c->x;
+  if (!x->plan || t->out_action >= x->plan->n_actions || !c->recompute ||
+      !c->log_last_valid) {
+    cap__set_error(c, "op %u %s: recompute of tensor %u: %s", c->op_seq,
+                   c->op_name, id,
+                   !c->recompute ? "no recompute callback"
+                                 : "no lineage from the last iteration");
+    return CAP_ERECOMPUTE;
+  }
+  const cap_action_t *a = &x->plan->actions[t->out_action];
+  const uint32_t *ops = cap_action_recompute_ops(x->plan, a);
+  list_run_t r = {0};
+  int rc = 0;
+  for (uint32_t i = 0; i < a->n_recompute && rc == 0; i++) {
+    if (ops[i] >= c->log_last.n_ops) {
+      cap__set_error(c, "op %u %s: recompute of tensor %u (action %u) lists "
+                        "op %u, beyond the last iteration's %u ops",
+                     c->op_seq, c->op_name, id, t->out_action, ops[i],
+                     c->log_last.n_ops);
+      rc = CAP_ERECOMPUTE;
+      break;
+    }
+    const cap__oplog_op_t *op = &c->log_last.ops[ops[i]];
+    const uint32_t *ids = c->log_last.ids + op->off;
+    uint32_t n = op->n_in + op->n_out;
+    void **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    uint8_t *pinned = calloc(n ? n : 1, 1);
+    if (!ptrs || !pinned) {
+      rc = CAP_ENOMEM;
+    } else {
+      rc = bind_op(c, id, ops[i], op, ids, ptrs, pinned, &r);
+      if (rc == 0) {
+        int cb = c->recompute(c->recompute_user, ops[i], op->name, ids, ptrs,
+                              op->n_in, ids + op->n_in, ptrs + op->n_in,
+                              op->n_out);
+        if (cb < 0) {
+          cap__set_error(c, "op %u %s: recompute of tensor %u: the callback "
+                            "failed on op %u %s (%d)",
+                         c->op_seq, c->op_name, id, ops[i],
+                         op->name ? op->name : "?", cb);
+          rc = CAP_ERECOMPUTE;
+        } else {
+          c->it.recomputed_ops++;
+          atomic_fetch_add(&c->ctr.recomputed_ops, 1);
+        }
+      }
+      for (uint32_t j = 0; j < n; j++)
+        if (pinned[j] && c->tensors[ids[j]].pinned)
+          c->tensors[ids[j]].pinned--;
+    }
+    free(ptrs);
+    free(pinned);
+  }
+  if (rc == 0 && t->state != CAP__T_DEVICE) {
+    cap__set_error(c, "op %u %s: recompute of tensor %u (action %u): its "
+                      "list does not produce it",
+                   c->op_seq, c->op_name, id, t->out_action);
+    rc = CAP_ERECOMPUTE;
+  }
+  for (uint32_t i = 0; i < r.n_temps; i++)
+    cap__dev_free(c, r.temps[i].ptr);
+  for (uint32_t i = 0; i < r.n_restored && rc < 0; i++) {
+    cap__tensor_t *u = &c->tensors[r.restored[i]];
+    if (u->state == CAP__T_DEVICE) {
+      cap__dev_free(c, u->dev);
+      u->dev = NULL;
+      u->state = CAP__T_DROPPED;
+    }
+  }
+  free(r.temps);
+  free(r.restored);
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  return rc < 0 ? CAP_ERECOMPUTE : 0;
+}

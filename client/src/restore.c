@@ -1,0 +1,226 @@
+/*
+ * Bringing a tensor back for an access: finishing its swap-in (the compute
+ * stream waits on the copy's event), fetching it on demand, recomputing it,
+ * and falling back to a swap for the rest of the job when an action cannot
+ * be carried out. Every state a tensor can be in at an access is handled
+ * here, and nowhere else.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
+  cap__tensor_t *t = &c->tensors[id];
+  void *dev = NULL;
+  cap__ev_t *ev = NULL;
+  int rc = cap__alloc_for(c, t->bytes, &dev, may_evict);
+  if (rc < 0)
+    return rc;
+  rc = cap__copy_h2d(c, dev, t->host, t->bytes, &ev);
+  if (rc < 0) {
+    cap__dev_free(c, dev);
+    return rc;
+  }
+  t->dev = dev;
+  t->ev = ev;
+  t->state = CAP__T_IN;
+  t->in_start_ns = cap__now_ns(c);
+  double gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1.0;
+  t->in_est_end_ns = t->in_start_ns + (int64_t)((double)t->bytes / gbps);
+  c->it.bytes_in += t->bytes;
+  atomic_fetch_add(&c->ctr.bytes_in, t->bytes);
+  return 0;
+}
+
+static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {
+  if (stall <= 0)
+    return;
+  c->it.stalls++;
+  c->it.stall_ns += stall;
+  atomic_fetch_add(&c->ctr.stalls, 1);
+  atomic_fetch_add(&c->ctr.stall_ns, stall);
+  cap__tensor_t *t = &c->tensors[id];
+  if (c->mode != CAP_MODE_GUIDED || t->out_action == CAP_NONE)
+    return;
+  if (c->n_fb == c->cap_fb) {
+    uint32_t n = c->cap_fb ? c->cap_fb * 2 : 64;
+    cap_feedback_t *f = realloc(c->fb, (size_t)n * sizeof *f);
+    if (!f)
+      return; /* feedback is advisory */
+    c->fb = f;
+    c->cap_fb = n;
+  }
+  c->fb[c->n_fb++] = (cap_feedback_t){id, t->n_access + 1, stall};
+}
+
+/* The compute stream waits for a swap-in; the host buffer goes once the copy
+ * is done. A failed copy is retried once synchronously (the host copy is
+ * still good). */
+static int swap_in_finish(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  int64_t stall = 0;
+  int st = cap__ev_query(c, t->ev);
+  if (st == 0) {
+    int64_t t0 = cap__now_ns(c);
+    st = cap__ev_compute_wait(c, t->ev);
+    int64_t now = cap__now_ns(c);
+    stall = cap__dev_host_compute(c) ? now - t0 : t->in_est_end_ns - now;
+  }
+  if (st < 0) {
+    cap__ev_release(c, t->ev);
+    t->ev = NULL;
+    cap__ev_t *ev = NULL;
+    int rc = cap__copy_h2d(c, t->dev, t->host, t->bytes, &ev);
+    if (rc == 0) {
+      rc = cap__ev_sync(c, ev);
+      cap__ev_release(c, ev);
+    }
+    if (rc < 0) {
+      cap__dev_free(c, t->dev);
+      t->dev = NULL;
+      t->state = CAP__T_HOST;
+      cap__set_error(c, "tensor %u: copy to the device failed twice", id);
+      return CAP_EDEVICE;
+    }
+    c->it.fallbacks++;
+    atomic_fetch_add(&c->ctr.fallbacks, 1);
+    t->ev = NULL;
+    cap__host_free(c, t->host, t->bytes);
+  } else if (cap__retire_push(c, t->ev, NULL, t->host, t->bytes, CAP_NONE) < 0) {
+    cap__ev_sync(c, t->ev);
+    cap__ev_release(c, t->ev);
+    cap__host_free(c, t->host, t->bytes);
+  }
+  t->ev = NULL;
+  t->host = NULL;
+  t->state = CAP__T_DEVICE;
+  note_stall(c, id, stall);
+  return 0;
+}
+
+/* The eviction in force for tensor id could not be carried out: swap it
+ * instead from now on, in this plan version and every later one. */
+static void fall_back(cap_client_t *c, uint32_t id) {
+  cap__tensor_t *t = &c->tensors[id];
+  c->it.fallbacks++;
+  atomic_fetch_add(&c->ctr.fallbacks, 1);
+  if (!c->x.plan || t->out_action >= c->x.plan->n_actions)
+    return;
+  const cap_action_t *a = &c->x.plan->actions[t->out_action];
+  c->x.fallback[t->out_action] = 1;
+  for (uint32_t i = 0; i < c->n_failed; i++)
+    if (c->failed[i].tensor == a->tensor &&
+        c->failed[i].access == a->evict_after_access)
+      return;
+  if (c->n_failed == c->cap_failed) {
+    uint32_t n = c->cap_failed ? c->cap_failed * 2 : 16;
+    cap__action_key_t *f = realloc(c->failed, (size_t)n * sizeof *f);
+    if (!f)
+      return; /* this version still falls back; a later one may not */
+    c->failed = f;
+    c->cap_failed = n;
+  }
+  c->failed[c->n_failed++] =
+      (cap__action_key_t){a->tensor, a->evict_after_access};
+}
+
+static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
+  cap__tensor_t *t = &c->tensors[id];
+  int rc;
+  switch (t->state) {
+  case CAP__T_DEVICE:
+    return 0;
+  case CAP__T_RELEASED:
+    /* The plan said the last access had passed; this iteration differs.
+     * Later iterations swap it instead of releasing it (fallback); an op
+     * that only writes it loses nothing. */
+    fall_back(c, id);
+    t->state = CAP__T_LOST;
+    /* fall through */
+  case CAP__T_DECLARED:
+  case CAP__T_LOST: {
+    void *p = NULL;
+    rc = cap__alloc_for(c, t->bytes ? t->bytes : 1, &p, true);
+    if (rc < 0)
+      return rc;
+    t->dev = p;
+    bool lost = t->state == CAP__T_LOST;
+    t->state = CAP__T_DEVICE;
+    if (lost && !is_output) {
+      cap__set_error(c, "tensor %u: contents were lost (failed recompute)", id);
+      return CAP_ERECOMPUTE;
+    }
+    return 0;
+  }
+  case CAP__T_OUT: {
+    /* Accessed while its swap-out runs: keep the device copy. The copy
+     * still reads it, so wait for the copy before the op may write. */
+    cap__retire_t *r = cap__retire_of(c, id);
+    if (r) {
+      int64_t t0 = cap__now_ns(c);
+      int st = cap__ev_sync(c, r->ev);
+      (void)st;
+      note_stall(c, id, cap__now_ns(c) - t0);
+      r->tensor = CAP_NONE;
+      r->dev = NULL;
+      r->host = t->host;
+      r->host_bytes = t->bytes;
+    }
+    t->host = NULL;
+    t->state = CAP__T_DEVICE;
+    return 0;
+  }
+  case CAP__T_HOST:
+    rc = cap__swap_in_start(c, id, true);
+    if (rc < 0)
+      return rc;
+    /* fall through */
+  case CAP__T_IN:
+    return swap_in_finish(c, id);
+  case CAP__T_DROPPED:
+    rc = cap__recompute(c, id);
+    if (rc < 0) {
+      /* The data is gone: the access fails, later iterations swap this
+       * tensor instead (fallback), and it gets fresh memory. */
+      fall_back(c, id);
+      t->state = CAP__T_LOST;
+      return CAP_ERECOMPUTE;
+    }
+    return 0;
+  default:
+    cap__set_error(c, "tensor %u is not live", id);
+    return CAP_EINVAL;
+  }
+}
+
+/* Where an access may leave a tensor: on the device when it succeeds;
+ * when it fails, still where its data is (on the host after a failed
+ * swap-in, dropped or lost after a failed recompute, untouched when no
+ * memory could be found). */
+static inline bool transition_ok(uint8_t from, uint8_t to, int rc) {
+  if (rc == 0)
+    return to == CAP__T_DEVICE;
+  switch (from) {
+  case CAP__T_HOST:
+  case CAP__T_IN:
+    return to == CAP__T_HOST || to == from;
+  case CAP__T_DROPPED:
+  case CAP__T_RELEASED:
+    return to == CAP__T_LOST || to == CAP__T_DEVICE;
+  case CAP__T_LOST:
+    return to == CAP__T_LOST || to == CAP__T_DEVICE;
+  default:
+    return to == from || to == CAP__T_DEVICE;
+  }
+}
+
+int cap__ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
+  uint8_t from = c->tensors[id].state;
+  int rc = bring_back(c, id, is_output);
+  assert(transition_ok(from, c->tensors[id].state, rc));
+  (void)from;
+  return rc;
+}

@@ -1,0 +1,95 @@
+/*
+ * Deferred releases: memory that a copy on another stream still reads or
+ * writes goes back only when the copy's event has completed (as PyTorch's
+ * caching allocator holds a block used on another stream). A finished
+ * swap-out also moves its tensor from OUT to HOST here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+int cap__retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
+                       uint64_t host_bytes, uint32_t tensor) {
+  if (c->n_retire == c->cap_retire) {
+    uint32_t n = c->cap_retire ? c->cap_retire * 2 : 64;
+    cap__retire_t *r = realloc(c->retire, (size_t)n * sizeof *r);
+    if (!r)
+      return CAP_ENOMEM;
+    c->retire = r;
+    c->cap_retire = n;
+  }
+  c->retire[c->n_retire++] =
+      (cap__retire_t){ev, dev, host, host_bytes, tensor};
+  return 0;
+}
+
+void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
+  if (r->tensor != CAP_NONE) {
+    /* A swap-out: on success the device copy goes; on failure the device
+     * copy is the only one, so it stays and the host buffer goes. */
+    cap__tensor_t *t = &c->tensors[r->tensor];
+    if (status >= 0) {
+      t->state = CAP__T_HOST;
+      cap__dev_free(c, r->dev);
+      t->dev = NULL;
+    } else {
+      t->state = CAP__T_DEVICE;
+      cap__host_free(c, t->host, t->bytes);
+      t->host = NULL;
+      atomic_fetch_add(&c->ctr.fallbacks, 1);
+      c->it.fallbacks++;
+    }
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  } else {
+    if (r->dev)
+      cap__dev_free(c, r->dev);
+    if (r->host)
+      cap__host_free(c, r->host, r->host_bytes);
+  }
+  cap__ev_release(c, r->ev);
+}
+
+void cap__reap(cap_client_t *c, bool wait_all) {
+  uint32_t j = 0;
+  for (uint32_t i = 0; i < c->n_retire; i++) {
+    cap__retire_t *r = &c->retire[i];
+    int st = wait_all ? cap__ev_sync(c, r->ev) : cap__ev_query(c, r->ev);
+    if (wait_all && st == 0)
+      st = 1;
+    if (st != 0) {
+      cap__retire_finish(c, r, st);
+    } else {
+      c->retire[j++] = *r;
+    }
+  }
+  c->n_retire = j;
+}
+
+cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor) {
+  for (uint32_t i = 0; i < c->n_retire; i++)
+    if (c->retire[i].tensor == tensor)
+      return &c->retire[i];
+  return NULL;
+}
+
+/* Wait for the oldest pending swap-out that frees device memory. */
+bool cap__retire_wait_one(cap_client_t *c) {
+  for (uint32_t i = 0; i < c->n_retire; i++) {
+    cap__retire_t *r = &c->retire[i];
+    if (r->tensor != CAP_NONE || r->dev) {
+      int64_t t0 = cap__now_ns(c);
+      int st = cap__ev_sync(c, r->ev);
+      int64_t w = cap__now_ns(c) - t0;
+      c->it.stall_ns += w;
+      c->it.budget_waits++;
+      atomic_fetch_add(&c->ctr.stall_ns, w);
+      cap__retire_finish(c, r, st < 0 ? st : 1);
+      memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
+      c->n_retire--;
+      return true;
+    }
+  }
+  return false;
+}
