@@ -76,7 +76,7 @@ int cap__tensor_grow(cap_client_t *c, uint32_t n) {
 }
 
 void cap__note_peak(cap_client_t *c) {
-  uint64_t used = cap__dev_in_use(c);
+  uint64_t used = cap__dev_in_use(c->dev);
   atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
   if (used > c->it.peak_bytes)
     c->it.peak_bytes = used;
@@ -126,12 +126,19 @@ int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
   rc = cap__ring_init(&c->ring, cfg.ring_records);
   if (rc < 0)
     goto out_mutex;
-  rc = cap__dev_open(c, &cfg);
+  cap__dev_info_t info;
+  rc = cap__dev_open(&cfg, &c->dev, &info, c->err, sizeof c->err);
   if (rc < 0)
     goto out_ring;
+  snprintf(c->backend, sizeof c->backend, "%s", info.backend);
+  snprintf(c->device_name, sizeof c->device_name, "%s", info.device_name);
+  c->device_total_bytes = info.total_bytes;
+  c->h2d_gbps = info.h2d_gbps;
+  c->d2h_gbps = info.d2h_gbps;
+  c->duplex_gbps = info.duplex_gbps;
   if (c->budget_bytes == 0)
     c->budget_bytes = c->device_total_bytes;
-  rc = cap__dev_set_budget(c, c->budget_bytes);
+  rc = cap__dev_set_budget(c->dev, c->budget_bytes);
   if (rc < 0)
     goto out_dev;
   atomic_store(&c->ctr.budget_bytes, c->budget_bytes);
@@ -157,7 +164,8 @@ int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
   *out = c;
   return 0;
 out_dev:
-  cap__dev_close(c);
+  cap__dev_close(c->dev);
+  c->dev = NULL;
 out_ring:
   cap__ring_close(&c->ring);
 out_mutex:
@@ -185,7 +193,8 @@ void cap_client_destroy(cap_client_t *c) {
   cap__iter_errors_free(c->pending_errors);
   cap__oplog_close(&c->log_cur);
   cap__oplog_close(&c->log_last);
-  cap__dev_close(c);
+  cap__dev_close(c->dev);
+  c->dev = NULL;
   cap__ring_close(&c->ring);
   free(c->tensors);
   free(c->transient_ids);
@@ -330,7 +339,7 @@ int cap_client_free(cap_client_t *c, uint32_t id) {
   }
   cap__release_tensor(c, id);
   if (c->recording && c->in_iter) {
-    int64_t t = cap__now_ns(c) - c->iter_start_ns - c->it.stall_ns;
+    int64_t t = cap__now_ns(c->dev) - c->iter_start_ns - c->it.stall_ns;
     if (!cap__rec_free(c, id, t < 0 ? 0 : t))
       c->it.dropped_records++;
   }
@@ -387,7 +396,7 @@ int cap_client_iteration_begin(cap_client_t *c) {
   if (budget && budget != c->budget_bytes) {
     c->budget_bytes = budget;
     atomic_store(&c->ctr.budget_bytes, budget);
-    cap__dev_set_budget(c, budget);
+    cap__dev_set_budget(c->dev, budget);
   }
   if (c->x.plan)
     c->mode = CAP_MODE_GUIDED;
@@ -417,9 +426,9 @@ int cap_client_iteration_begin(cap_client_t *c) {
     if (c->n_tensors)
       cap__decl_upto(c, c->n_tensors - 1);
   }
-  c->it.peak_bytes = cap__dev_in_use(c);
+  c->it.peak_bytes = cap__dev_in_use(c->dev);
   c->in_iter = true;
-  c->iter_start_ns = cap__now_ns(c);
+  c->iter_start_ns = cap__now_ns(c->dev);
   return 0;
 }
 
@@ -494,7 +503,7 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
                                                      : "outside an iteration");
     return CAP_ESTATE;
   }
-  c->it.time_ns = cap__now_ns(c) - c->iter_start_ns;
+  c->it.time_ns = cap__now_ns(c->dev) - c->iter_start_ns;
   c->it.dropped_records = atomic_load(&c->dropped) - c->dropped_at_begin;
   c->in_iter = false;
   bool incomplete = c->it.dropped_records != 0 || c->iter_op_errors != 0;
@@ -597,21 +606,21 @@ void cap_client_set_recompute(cap_client_t *c, cap_recompute_fn fn,
 int cap_client_compute(cap_client_t *c, int64_t duration_ns) {
   if (!c || duration_ns < 0)
     return CAP_EINVAL;
-  return cap__dev_compute(c, duration_ns);
+  return cap__dev_compute(c->dev, duration_ns);
 }
 
 int cap_client_pattern_fill(cap_client_t *c, void *dev, uint64_t bytes,
                             uint64_t seed) {
   if (!c || (!dev && bytes))
     return CAP_EINVAL;
-  return cap__dev_fill(c, dev, bytes, seed);
+  return cap__dev_fill(c->dev, dev, bytes, seed);
 }
 
 int64_t cap_client_pattern_check(cap_client_t *c, const void *dev,
                                  uint64_t bytes, uint64_t seed) {
   if (!c || (!dev && bytes))
     return CAP_EINVAL;
-  return cap__dev_check(c, dev, bytes, seed);
+  return cap__dev_check(c->dev, dev, bytes, seed);
 }
 
 void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
@@ -684,14 +693,13 @@ int cap_client_wait_plan(cap_client_t *c, uint32_t version,
 
 void cap_client_fault_copy(cap_client_t *c, uint32_t nth) {
   if (c)
-    cap__dev_fault_copy(c, nth);
+    cap__dev_fault_copy(c->dev, nth);
 }
 
-int64_t cap_client_now_ns(cap_client_t *c) { return c ? cap__now_ns(c) : 0; }
+int64_t cap_client_now_ns(cap_client_t *c) { return c ? cap__now_ns(c->dev) : 0; }
 
 void cap_client_fault_alloc(cap_client_t *c, uint32_t nth, bool sticky) {
   if (!c)
     return;
-  c->fault_alloc_nth = nth;
-  c->fault_alloc_sticky = sticky;
+  cap__dev_fault_alloc(c->dev, nth, sticky);
 }

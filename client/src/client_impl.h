@@ -72,46 +72,59 @@ static inline void cap__ring_commit(cap__ring_t *r, uint64_t end) {
 typedef struct cap__dev cap__dev_t;
 typedef struct cap__ev cap__ev_t; /* a copy's completion event */
 
-int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg);
-void cap__dev_close(cap_client_t *c);
+/* What the backend says of its device. */
+typedef struct cap__dev_info {
+  char backend[16];
+  char device_name[128];
+  uint64_t total_bytes;
+  double h2d_gbps, d2h_gbps, duplex_gbps;
+} cap__dev_info_t;
+
+/* Open the configured backend and its allocators; a message in err when it
+ * fails. The device layer knows nothing of tensors or of the client. */
+int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
+                  cap__dev_info_t *info, char *err, size_t err_len);
+void cap__dev_close(cap__dev_t *d); /* NULL: no-op */
+/* Fail the nth device allocation from now (sticky: and all after it). */
+void cap__dev_fault_alloc(cap__dev_t *d, uint32_t nth, bool sticky);
 /* Device memory under the budget: CAP_EBUDGET when it does not fit now. */
-int cap__dev_alloc(cap_client_t *c, uint64_t bytes, void **p);
-void cap__dev_free(cap_client_t *c, void *p);
-uint64_t cap__dev_in_use(cap_client_t *c);
+int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p);
+void cap__dev_free(cap__dev_t *d, void *p);
+uint64_t cap__dev_in_use(cap__dev_t *d);
 /* Whether the bytes in use leave room for `bytes` (a failure is then
  * fragmentation, not the budget). */
-bool cap__dev_budget_has_room(cap_client_t *c, uint64_t bytes);
+bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);
 /* The fewest-bytes set of allocations whose eviction makes a free chunk of
  * `bytes` (cap_bfc_find_window); movable decides which may go. */
-int cap__dev_find_window(cap_client_t *c, uint64_t bytes,
+int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
                          uint32_t (*weight)(void *ctx, const void *ptr),
                          void *ctx, void **out, size_t max_out);
-int cap__dev_set_budget(cap_client_t *c, uint64_t bytes);
-void cap__dev_fault_copy(cap_client_t *c, uint32_t nth);
-int cap__host_alloc(cap_client_t *c, uint64_t bytes, void **p);
-void cap__host_free(cap_client_t *c, void *p, uint64_t bytes);
+int cap__dev_set_budget(cap__dev_t *d, uint64_t bytes);
+void cap__dev_fault_copy(cap__dev_t *d, uint32_t nth);
+int cap__host_alloc(cap__dev_t *d, uint64_t bytes, void **p);
+void cap__host_free(cap__dev_t *d, void *p, uint64_t bytes);
 /* Async copies on the client's streams, ordered after the work the compute
  * stream has issued so far. *ev is the copy's completion. */
-int cap__copy_d2h(cap_client_t *c, void *host, const void *dev,
+int cap__copy_d2h(cap__dev_t *d, void *host, const void *dev,
                   uint64_t bytes, cap__ev_t **ev);
-int cap__copy_h2d(cap_client_t *c, void *dev, const void *host,
+int cap__copy_h2d(cap__dev_t *d, void *dev, const void *host,
                   uint64_t bytes, cap__ev_t **ev);
 /* 1 complete, 0 pending, negative: the copy failed. */
-int cap__ev_query(cap_client_t *c, cap__ev_t *ev);
+int cap__ev_query(cap__dev_t *d, cap__ev_t *ev);
 /* Host wait; 0 or the copy's error. */
-int cap__ev_sync(cap_client_t *c, cap__ev_t *ev);
+int cap__ev_sync(cap__dev_t *d, cap__ev_t *ev);
 /* Make the compute stream wait for ev (no host wait where the backend can;
  * sim: a host wait). 0 or the copy's error. */
-int cap__ev_compute_wait(cap_client_t *c, cap__ev_t *ev);
-void cap__ev_release(cap_client_t *c, cap__ev_t *ev);
+int cap__ev_compute_wait(cap__dev_t *d, cap__ev_t *ev);
+void cap__ev_release(cap__dev_t *d, cap__ev_t *ev);
 /* Backend clock in trace nanoseconds (scaled back by time_scale). */
-int64_t cap__now_ns(cap_client_t *c);
+int64_t cap__now_ns(cap__dev_t *d);
 /* true when compute-stream waits are host waits (sim): stalls measured
  * directly rather than estimated. */
-bool cap__dev_host_compute(cap_client_t *c);
-int cap__dev_compute(cap_client_t *c, int64_t ns);
-int cap__dev_fill(cap_client_t *c, void *dev, uint64_t bytes, uint64_t seed);
-int64_t cap__dev_check(cap_client_t *c, const void *dev, uint64_t bytes,
+bool cap__dev_host_compute(cap__dev_t *d);
+int cap__dev_compute(cap__dev_t *d, int64_t ns);
+int cap__dev_fill(cap__dev_t *d, void *dev, uint64_t bytes, uint64_t seed);
+int64_t cap__dev_check(cap__dev_t *d, const void *dev, uint64_t bytes,
                        uint64_t seed);
 
 /* --- Tensors -------------------------------------------------------------- */
@@ -236,8 +249,6 @@ struct cap_client {
   char device_name[128];
   uint64_t device_total_bytes;
   double h2d_gbps, d2h_gbps, duplex_gbps;
-  uint32_t fault_alloc_nth;
-  bool fault_alloc_sticky;
 
   /* Tensors. */
   cap__tensor_t *tensors;

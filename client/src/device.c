@@ -24,6 +24,8 @@ struct cap__dev {
   cap_event_t *compute_ev; /* re-recorded before each swap-out */
   bool sim;
   bool verify_full;
+  uint32_t fault_alloc_nth; /* fail the nth allocation from now (tests) */
+  bool fault_alloc_sticky;  /* ... and every one after it */
 };
 
 /* The executor's event: the backend event recorded after the copy. */
@@ -31,7 +33,8 @@ struct cap__ev {
   cap_event_t *ev;
 };
 
-int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg) {
+int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
+                  cap__dev_info_t *info, char *err, size_t err_len) {
   cap_backend_config_t bc;
   cap_backend_config_init(&bc);
   bc.name = cfg->backend;
@@ -47,8 +50,8 @@ int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg) {
     return CAP_ENOMEM;
   int rc = cap_backend_create(&bc, &d->b);
   if (rc < 0) {
-    cap__set_error(c, "backend %s: %s", cfg->backend ? cfg->backend : "auto",
-                   cap_strerror(rc));
+    snprintf(err, err_len, "backend %s: %s",
+             cfg->backend ? cfg->backend : "auto", cap_strerror(rc));
     goto out_free;
   }
   d->info = cap_backend_info(d->b);
@@ -83,13 +86,14 @@ int cap__dev_open(cap_client_t *c, const cap_client_config_t *cfg) {
     }
   }
 
-  c->dev = d;
-  snprintf(c->backend, sizeof c->backend, "%s", d->info->backend);
-  snprintf(c->device_name, sizeof c->device_name, "%s", d->info->device_name);
-  c->device_total_bytes = d->info->total_bytes;
-  c->h2d_gbps = d->info->h2d_gbps;
-  c->d2h_gbps = d->info->d2h_gbps;
-  c->duplex_gbps = d->info->duplex_gbps;
+  *out = d;
+  snprintf(info->backend, sizeof info->backend, "%s", d->info->backend);
+  snprintf(info->device_name, sizeof info->device_name, "%s",
+           d->info->device_name);
+  info->total_bytes = d->info->total_bytes;
+  info->h2d_gbps = d->info->h2d_gbps;
+  info->d2h_gbps = d->info->d2h_gbps;
+  info->duplex_gbps = d->info->duplex_gbps;
   return 0;
 out_host_bfc:
   cap_bfc_destroy(d->host_bfc);
@@ -102,8 +106,7 @@ out_free:
   return rc;
 }
 
-void cap__dev_close(cap_client_t *c) {
-  cap__dev_t *d = c->dev;
+void cap__dev_close(cap__dev_t *d) {
   if (!d)
     return;
   for (int s = 0; s < CAP_STREAM_COUNT; s++)
@@ -113,11 +116,9 @@ void cap__dev_close(cap_client_t *c) {
   cap_bfc_destroy(d->dev_bfc);
   cap_backend_destroy(d->b);
   free(d);
-  c->dev = NULL;
 }
 
-int cap__dev_set_budget(cap_client_t *c, uint64_t bytes) {
-  cap__dev_t *d = c->dev;
+int cap__dev_set_budget(cap__dev_t *d, uint64_t bytes) {
   bool whole = !bytes || bytes >= d->info->total_bytes;
   if (whole)
     bytes = d->info->total_bytes;
@@ -141,61 +142,62 @@ int cap__dev_set_budget(cap_client_t *c, uint64_t bytes) {
   return 0;
 }
 
-void cap__dev_fault_copy(cap_client_t *c, uint32_t nth) {
-  (void)c;
+void cap__dev_fault_copy(cap__dev_t *d, uint32_t nth) {
+  (void)d;
   cap_faultsim_arm(CAP_FAULT_COPY_ASYNC, nth, 1);
 }
 
-int cap__dev_alloc(cap_client_t *c, uint64_t bytes, void **p) {
-  if (c->fault_alloc_nth) {
-    if (--c->fault_alloc_nth == 0) {
-      if (c->fault_alloc_sticky)
-        c->fault_alloc_nth = 1;
-      cap__set_error(c, "injected allocation failure");
-      return CAP_ENOMEM;
-    }
+void cap__dev_fault_alloc(cap__dev_t *d, uint32_t nth, bool sticky) {
+  d->fault_alloc_nth = nth;
+  d->fault_alloc_sticky = sticky;
+}
+
+int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
+  if (d->fault_alloc_nth && --d->fault_alloc_nth == 0) {
+    if (d->fault_alloc_sticky)
+      d->fault_alloc_nth = 1;
+    return CAP_ENOMEM; /* injected */
   }
-  return cap_bfc_alloc(c->dev->dev_bfc, bytes ? bytes : 1, p);
+  return cap_bfc_alloc(d->dev_bfc, bytes ? bytes : 1, p);
 }
 
-void cap__dev_free(cap_client_t *c, void *p) {
+void cap__dev_free(cap__dev_t *d, void *p) {
   if (p)
-    cap_bfc_free(c->dev->dev_bfc, p);
+    cap_bfc_free(d->dev_bfc, p);
 }
 
-uint64_t cap__dev_in_use(cap_client_t *c) {
+uint64_t cap__dev_in_use(cap__dev_t *d) {
   cap_bfc_stats_t st;
-  cap_bfc_stats(c->dev->dev_bfc, &st);
+  cap_bfc_stats(d->dev_bfc, &st);
   return st.in_use_bytes;
 }
 
-bool cap__dev_budget_has_room(cap_client_t *c, uint64_t bytes) {
+bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes) {
   cap_bfc_stats_t st;
-  cap_bfc_stats(c->dev->dev_bfc, &st);
+  cap_bfc_stats(d->dev_bfc, &st);
   uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
   return !st.budget_bytes || st.in_use_bytes + rounded <= st.budget_bytes;
 }
 
-int cap__dev_find_window(cap_client_t *c, uint64_t bytes,
+int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
                          uint32_t (*weight)(void *ctx, const void *ptr),
                          void *ctx, void **out, size_t max_out) {
-  return cap_bfc_find_window(c->dev->dev_bfc, bytes ? bytes : 1, weight, ctx,
+  return cap_bfc_find_window(d->dev_bfc, bytes ? bytes : 1, weight, ctx,
                              out, max_out);
 }
 
-int cap__host_alloc(cap_client_t *c, uint64_t bytes, void **p) {
-  return cap_bfc_alloc(c->dev->host_bfc, bytes ? bytes : 1, p);
+int cap__host_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
+  return cap_bfc_alloc(d->host_bfc, bytes ? bytes : 1, p);
 }
 
-void cap__host_free(cap_client_t *c, void *p, uint64_t bytes) {
+void cap__host_free(cap__dev_t *d, void *p, uint64_t bytes) {
   (void)bytes;
   if (p)
-    cap_bfc_free(c->dev->host_bfc, p);
+    cap_bfc_free(d->host_bfc, p);
 }
 
-static int copy(cap_client_t *c, cap_stream_t s, void *dst, const void *src,
+static int copy(cap__dev_t *d, cap_stream_t s, void *dst, const void *src,
                 uint64_t bytes, cap__ev_t **out) {
-  cap__dev_t *d = c->dev;
   int rc;
   if (s == CAP_STREAM_D2H) {
     /* Order the copy after what the compute stream has issued so far. */
@@ -230,46 +232,46 @@ out_free:
   return rc;
 }
 
-int cap__copy_d2h(cap_client_t *c, void *host, const void *dev, uint64_t bytes,
+int cap__copy_d2h(cap__dev_t *d, void *host, const void *dev, uint64_t bytes,
                   cap__ev_t **ev) {
-  return copy(c, CAP_STREAM_D2H, host, dev, bytes, ev);
+  return copy(d, CAP_STREAM_D2H, host, dev, bytes, ev);
 }
 
-int cap__copy_h2d(cap_client_t *c, void *dev, const void *host, uint64_t bytes,
+int cap__copy_h2d(cap__dev_t *d, void *dev, const void *host, uint64_t bytes,
                   cap__ev_t **ev) {
-  return copy(c, CAP_STREAM_H2D, dev, host, bytes, ev);
+  return copy(d, CAP_STREAM_H2D, dev, host, bytes, ev);
 }
 
-int cap__ev_query(cap_client_t *c, cap__ev_t *ev) {
-  return cap_backend_event_query(c->dev->b, ev->ev);
+int cap__ev_query(cap__dev_t *d, cap__ev_t *ev) {
+  return cap_backend_event_query(d->b, ev->ev);
 }
 
-int cap__ev_sync(cap_client_t *c, cap__ev_t *ev) {
-  return cap_backend_event_synchronize(c->dev->b, ev->ev);
+int cap__ev_sync(cap__dev_t *d, cap__ev_t *ev) {
+  return cap_backend_event_synchronize(d->b, ev->ev);
 }
 
-int cap__ev_compute_wait(cap_client_t *c, cap__ev_t *ev) {
-  int rc = cap_backend_stream_wait_event(c->dev->b, CAP_STREAM_COMPUTE, ev->ev);
+int cap__ev_compute_wait(cap__dev_t *d, cap__ev_t *ev) {
+  int rc = cap_backend_stream_wait_event(d->b, CAP_STREAM_COMPUTE, ev->ev);
   if (rc < 0)
     return rc;
   /* A failed copy shows up in the event: look without blocking. */
-  int q = cap_backend_event_query(c->dev->b, ev->ev);
+  int q = cap_backend_event_query(d->b, ev->ev);
   return q < 0 ? q : 0;
 }
 
-void cap__ev_release(cap_client_t *c, cap__ev_t *ev) {
+void cap__ev_release(cap__dev_t *d, cap__ev_t *ev) {
   if (!ev)
     return;
-  cap_backend_event_destroy(c->dev->b, ev->ev);
+  cap_backend_event_destroy(d->b, ev->ev);
   free(ev);
 }
 
-int64_t cap__now_ns(cap_client_t *c) { return cap_backend_now_ns(c->dev->b); }
+int64_t cap__now_ns(cap__dev_t *d) { return cap_backend_now_ns(d->b); }
 
-bool cap__dev_host_compute(cap_client_t *c) { return c->dev->sim; }
+bool cap__dev_host_compute(cap__dev_t *d) { return d->sim; }
 
-int cap__dev_compute(cap_client_t *c, int64_t ns) {
-  return cap_backend_run_op(c->dev->b, ns, NULL, 0);
+int cap__dev_compute(cap__dev_t *d, int64_t ns) {
+  return cap_backend_run_op(d->b, ns, NULL, 0);
 }
 
 /* --- Integrity pattern --------------------------------------------------------
@@ -283,8 +285,7 @@ int cap__dev_compute(cap_client_t *c, int64_t ns) {
  * the GPU). */
 #define SAMPLE_STRIDE_WORDS 8192u
 
-int cap__dev_fill(cap_client_t *c, void *dev, uint64_t bytes, uint64_t seed) {
-  cap__dev_t *d = c->dev;
+int cap__dev_fill(cap__dev_t *d, void *dev, uint64_t bytes, uint64_t seed) {
   uint64_t n = bytes / 8;
   if (!d->sim || d->verify_full || n < 4)
     return cap_backend_pattern_fill(d->b, dev, bytes, seed);
@@ -299,9 +300,8 @@ int cap__dev_fill(cap_client_t *c, void *dev, uint64_t bytes, uint64_t seed) {
   return 0;
 }
 
-int64_t cap__dev_check(cap_client_t *c, const void *dev, uint64_t bytes,
+int64_t cap__dev_check(cap__dev_t *d, const void *dev, uint64_t bytes,
                        uint64_t seed) {
-  cap__dev_t *d = c->dev;
   uint64_t n = bytes / 8;
   if (!d->sim || d->verify_full || n < 4)
     return cap_backend_pattern_check(d->b, dev, bytes, seed);

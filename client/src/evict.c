@@ -14,31 +14,31 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
   cap__tensor_t *t = &c->tensors[id];
   void *host = NULL;
   cap__ev_t *ev = NULL;
-  int rc = cap__host_alloc(c, t->bytes, &host);
+  int rc = cap__host_alloc(c->dev, t->bytes, &host);
   if (rc < 0)
     return rc;
-  rc = cap__copy_d2h(c, host, t->dev, t->bytes, &ev);
+  rc = cap__copy_d2h(c->dev, host, t->dev, t->bytes, &ev);
   if (rc < 0)
     goto out_free_host;
   if (sync) {
-    int64_t t0 = cap__now_ns(c);
-    rc = cap__ev_sync(c, ev);
-    int64_t w = cap__now_ns(c) - t0;
+    int64_t t0 = cap__now_ns(c->dev);
+    rc = cap__ev_sync(c->dev, ev);
+    int64_t w = cap__now_ns(c->dev) - t0;
     c->it.stall_ns += w;
     atomic_fetch_add(&c->ctr.stall_ns, w);
-    cap__ev_release(c, ev);
+    cap__ev_release(c->dev, ev);
     if (rc < 0)
       goto out_free_host;
-    cap__dev_free(c, t->dev);
+    cap__dev_free(c->dev, t->dev);
     t->dev = NULL;
     t->host = host;
     t->state = CAP__T_HOST;
-    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   } else {
     rc = cap__retire_push(c, ev, t->dev, NULL, 0, id);
     if (rc < 0) {
-      cap__ev_sync(c, ev);
-      cap__ev_release(c, ev);
+      cap__ev_sync(c->dev, ev);
+      cap__ev_release(c->dev, ev);
       goto out_free_host;
     }
     t->host = host;
@@ -53,7 +53,7 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
   atomic_fetch_add(&c->ctr.evictions, 1);
   return 0;
 out_free_host:
-  cap__host_free(c, host, t->bytes);
+  cap__host_free(c->dev, host, t->bytes);
   return rc;
 }
 
@@ -138,7 +138,7 @@ static bool evict_window(cap_client_t *c, uint64_t bytes) {
     o.v[i].weight = 1 + (uint32_t)((uint64_t)i * 16 / (o.n ? o.n : 1));
   qsort(o.v, o.n, sizeof *o.v, owner_cmp);
   void *win[DEFRAG_MAX];
-  int n = cap__dev_find_window(c, bytes, owner_weight, &o, win, DEFRAG_MAX);
+  int n = cap__dev_find_window(c->dev, bytes, owner_weight, &o, win, DEFRAG_MAX);
   bool ok = n > 0;
   for (int i = 0; i < n && ok; i++) {
     const dev_owner_t *w = owner_of(&o, win[i]);
@@ -152,13 +152,16 @@ static bool evict_window(cap_client_t *c, uint64_t bytes) {
 
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
   for (;;) {
-    int rc = cap__dev_alloc(c, bytes, p);
+    int rc = cap__dev_alloc(c->dev, bytes, p);
     if (rc == 0) {
       cap__note_peak(c);
       return 0;
     }
-    if (rc != CAP_EBUDGET)
+    if (rc != CAP_EBUDGET) {
+      cap__set_error(c, "allocation of %llu bytes failed: %s",
+                     (unsigned long long)bytes, cap_strerror(rc));
       return rc;
+    }
     /* Memory that finished copies hold comes back first, then memory that
      * running swap-outs will release, and only then do we swap out more. */
     uint32_t before = c->n_retire;
@@ -167,7 +170,7 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
       continue;
     if (cap__retire_wait_one(c))
       continue;
-    if (may_evict && cap__dev_budget_has_room(c, bytes) &&
+    if (may_evict && cap__dev_budget_has_room(c->dev, bytes) &&
         evict_window(c, bytes))
       continue;
     if (!may_evict || !evict_lru(c)) {
@@ -175,7 +178,7 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
                         "%llu bytes (%llu in use)",
                      (unsigned long long)bytes,
                      (unsigned long long)c->budget_bytes,
-                     (unsigned long long)cap__dev_in_use(c));
+                     (unsigned long long)cap__dev_in_use(c->dev));
       return CAP_EBUDGET;
     }
   }

@@ -24,7 +24,7 @@ static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
       cap__retire_t *r = cap__retire_of(c, a->tensor);
       if (!r)
         continue;
-      int st = cap__ev_sync(c, r->ev);
+      int st = cap__ev_sync(c->dev, r->ev);
       cap__retire_finish(c, r, st < 0 ? st : 1);
       *r = c->retire[--c->n_retire];
     }
@@ -125,7 +125,7 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
   c->op_n_in = n_in;
   c->op_n_out = n_out;
   c->op_open = true;
-  c->op_start_ns = cap__now_ns(c);
+  c->op_start_ns = cap__now_ns(c->dev);
   return 0;
 out_unpin:
   for (uint32_t i = 0; i < nu; i++)
@@ -145,7 +145,7 @@ int cap__op_end(cap_client_t *c) {
     cap__set_error(c, "op end without op begin");
     return CAP_ESTATE;
   }
-  int64_t t1 = cap__now_ns(c);
+  int64_t t1 = cap__now_ns(c->dev);
   if (c->recording) {
     if (c->decl_next < c->n_tensors)
       cap__decl_upto(c, c->n_tensors - 1);
@@ -177,14 +177,14 @@ int cap__op_end(cap_client_t *c) {
     uint32_t ai = s->evict;
     const cap_action_t *a = &c->x.plan->actions[ai];
     if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {
-      cap__dev_free(c, t->dev);
+      cap__dev_free(c->dev, t->dev);
       t->dev = NULL;
       t->state = cap_action_is_release(a) ? CAP__T_RELEASED : CAP__T_DROPPED;
       t->out_action = ai;
       t->gone_op = c->op_seq - 1;
       c->it.evictions++;
       atomic_fetch_add(&c->ctr.evictions, 1);
-      atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+      atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
     } else if (cap__swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0) < 0) {
       /* No pinned memory or the copy refused: keep it on the device. */
       c->it.fallbacks++;
@@ -202,7 +202,7 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
   case CAP__T_DEVICE:
   case CAP__T_LOST:
     if (t->dev)
-      cap__dev_free(c, t->dev);
+      cap__dev_free(c->dev, t->dev);
     break;
   case CAP__T_OUT: {
     cap__retire_t *r = cap__retire_of(c, id);
@@ -214,14 +214,14 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
     break;
   }
   case CAP__T_HOST:
-    cap__host_free(c, t->host, t->bytes);
+    cap__host_free(c->dev, t->host, t->bytes);
     break;
   case CAP__T_IN:
     if (cap__retire_push(c, t->ev, t->dev, t->host, t->bytes, CAP_NONE) < 0) {
-      cap__ev_sync(c, t->ev);
-      cap__ev_release(c, t->ev);
-      cap__dev_free(c, t->dev);
-      cap__host_free(c, t->host, t->bytes);
+      cap__ev_sync(c->dev, t->ev);
+      cap__ev_release(c->dev, t->ev);
+      cap__dev_free(c->dev, t->dev);
+      cap__host_free(c->dev, t->host, t->bytes);
     }
     break;
   default:
@@ -233,7 +233,7 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
   t->state = CAP__T_UNUSED;
   t->pinned = 0;
   t->gone_op = c->op_seq ? c->op_seq - 1 : 0;
-  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   return 0;
 }
 

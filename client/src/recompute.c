@@ -137,7 +137,7 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
        * tensor of the segment), filled by the callback */
       rc = push_u32(&r->restored, &r->n_restored, &r->cap_restored, tid);
       if (rc < 0) {
-        cap__dev_free(c, p);
+        cap__dev_free(c->dev, p);
         return rc;
       }
       u->dev = p;
@@ -147,7 +147,7 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
       pinned[j] = 1;
     } else if ((rc = push_temp(r, tid, p)) < 0) {
       /* the live tensor, if any, is not touched */
-      cap__dev_free(c, p);
+      cap__dev_free(c->dev, p);
       return rc;
     }
   }
@@ -222,17 +222,17 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
     rc = CAP_ERECOMPUTE;
   }
   for (uint32_t i = 0; i < r.n_temps; i++)
-    cap__dev_free(c, r.temps[i].ptr);
+    cap__dev_free(c->dev, r.temps[i].ptr);
   for (uint32_t i = 0; i < r.n_restored && rc < 0; i++) {
     cap__tensor_t *u = &c->tensors[r.restored[i]];
     if (u->state == CAP__T_DEVICE) {
-      cap__dev_free(c, u->dev);
+      cap__dev_free(c->dev, u->dev);
       u->dev = NULL;
       u->state = CAP__T_DROPPED;
     }
   }
   free(r.temps);
   free(r.restored);
-  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   return rc < 0 ? CAP_ERECOMPUTE : 0;
 }

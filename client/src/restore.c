@@ -19,15 +19,15 @@ int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
   int rc = cap__alloc_for(c, t->bytes, &dev, may_evict);
   if (rc < 0)
     return rc;
-  rc = cap__copy_h2d(c, dev, t->host, t->bytes, &ev);
+  rc = cap__copy_h2d(c->dev, dev, t->host, t->bytes, &ev);
   if (rc < 0) {
-    cap__dev_free(c, dev);
+    cap__dev_free(c->dev, dev);
     return rc;
   }
   t->dev = dev;
   t->ev = ev;
   t->state = CAP__T_IN;
-  t->in_start_ns = cap__now_ns(c);
+  t->in_start_ns = cap__now_ns(c->dev);
   double gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1.0;
   t->in_est_end_ns = t->in_start_ns + (int64_t)((double)t->bytes / gbps);
   c->it.bytes_in += t->bytes;
@@ -62,24 +62,24 @@ static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {
 static int swap_in_finish(cap_client_t *c, uint32_t id) {
   cap__tensor_t *t = &c->tensors[id];
   int64_t stall = 0;
-  int st = cap__ev_query(c, t->ev);
+  int st = cap__ev_query(c->dev, t->ev);
   if (st == 0) {
-    int64_t t0 = cap__now_ns(c);
-    st = cap__ev_compute_wait(c, t->ev);
-    int64_t now = cap__now_ns(c);
-    stall = cap__dev_host_compute(c) ? now - t0 : t->in_est_end_ns - now;
+    int64_t t0 = cap__now_ns(c->dev);
+    st = cap__ev_compute_wait(c->dev, t->ev);
+    int64_t now = cap__now_ns(c->dev);
+    stall = cap__dev_host_compute(c->dev) ? now - t0 : t->in_est_end_ns - now;
   }
   if (st < 0) {
-    cap__ev_release(c, t->ev);
+    cap__ev_release(c->dev, t->ev);
     t->ev = NULL;
     cap__ev_t *ev = NULL;
-    int rc = cap__copy_h2d(c, t->dev, t->host, t->bytes, &ev);
+    int rc = cap__copy_h2d(c->dev, t->dev, t->host, t->bytes, &ev);
     if (rc == 0) {
-      rc = cap__ev_sync(c, ev);
-      cap__ev_release(c, ev);
+      rc = cap__ev_sync(c->dev, ev);
+      cap__ev_release(c->dev, ev);
     }
     if (rc < 0) {
-      cap__dev_free(c, t->dev);
+      cap__dev_free(c->dev, t->dev);
       t->dev = NULL;
       t->state = CAP__T_HOST;
       cap__set_error(c, "tensor %u: copy to the device failed twice", id);
@@ -88,11 +88,11 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
     c->it.fallbacks++;
     atomic_fetch_add(&c->ctr.fallbacks, 1);
     t->ev = NULL;
-    cap__host_free(c, t->host, t->bytes);
+    cap__host_free(c->dev, t->host, t->bytes);
   } else if (cap__retire_push(c, t->ev, NULL, t->host, t->bytes, CAP_NONE) < 0) {
-    cap__ev_sync(c, t->ev);
-    cap__ev_release(c, t->ev);
-    cap__host_free(c, t->host, t->bytes);
+    cap__ev_sync(c->dev, t->ev);
+    cap__ev_release(c->dev, t->ev);
+    cap__host_free(c->dev, t->host, t->bytes);
   }
   t->ev = NULL;
   t->host = NULL;
@@ -160,10 +160,10 @@ static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
      * still reads it, so wait for the copy before the op may write. */
     cap__retire_t *r = cap__retire_of(c, id);
     if (r) {
-      int64_t t0 = cap__now_ns(c);
-      int st = cap__ev_sync(c, r->ev);
+      int64_t t0 = cap__now_ns(c->dev);
+      int st = cap__ev_sync(c->dev, r->ev);
       (void)st;
-      note_stall(c, id, cap__now_ns(c) - t0);
+      note_stall(c, id, cap__now_ns(c->dev) - t0);
       r->tensor = CAP_NONE;
       r->dev = NULL;
       r->host = t->host;

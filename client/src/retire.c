@@ -32,30 +32,30 @@ void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
     cap__tensor_t *t = &c->tensors[r->tensor];
     if (status >= 0) {
       t->state = CAP__T_HOST;
-      cap__dev_free(c, r->dev);
+      cap__dev_free(c->dev, r->dev);
       t->dev = NULL;
     } else {
       t->state = CAP__T_DEVICE;
-      cap__host_free(c, t->host, t->bytes);
+      cap__host_free(c->dev, t->host, t->bytes);
       t->host = NULL;
       atomic_fetch_add(&c->ctr.fallbacks, 1);
       c->it.fallbacks++;
     }
-    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c));
+    atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   } else {
     if (r->dev)
-      cap__dev_free(c, r->dev);
+      cap__dev_free(c->dev, r->dev);
     if (r->host)
-      cap__host_free(c, r->host, r->host_bytes);
+      cap__host_free(c->dev, r->host, r->host_bytes);
   }
-  cap__ev_release(c, r->ev);
+  cap__ev_release(c->dev, r->ev);
 }
 
 void cap__reap(cap_client_t *c, bool wait_all) {
   uint32_t j = 0;
   for (uint32_t i = 0; i < c->n_retire; i++) {
     cap__retire_t *r = &c->retire[i];
-    int st = wait_all ? cap__ev_sync(c, r->ev) : cap__ev_query(c, r->ev);
+    int st = wait_all ? cap__ev_sync(c->dev, r->ev) : cap__ev_query(c->dev, r->ev);
     if (wait_all && st == 0)
       st = 1;
     if (st != 0) {
@@ -79,9 +79,9 @@ bool cap__retire_wait_one(cap_client_t *c) {
   for (uint32_t i = 0; i < c->n_retire; i++) {
     cap__retire_t *r = &c->retire[i];
     if (r->tensor != CAP_NONE || r->dev) {
-      int64_t t0 = cap__now_ns(c);
-      int st = cap__ev_sync(c, r->ev);
-      int64_t w = cap__now_ns(c) - t0;
+      int64_t t0 = cap__now_ns(c->dev);
+      int st = cap__ev_sync(c->dev, r->ev);
+      int64_t w = cap__now_ns(c->dev) - t0;
       c->it.stall_ns += w;
       c->it.budget_waits++;
       atomic_fetch_add(&c->ctr.stall_ns, w);
