@@ -338,6 +338,8 @@ int cap_client_free(cap_client_t *c, uint32_t id) {
     return CAP_EINVAL;
   }
   cap__release_tensor(c, id);
+  if (c->in_iter && !c->log_failed && cap__oplog_free(&c->log_cur, id) < 0)
+    c->log_failed = true; /* no lineage from this iteration */
   if (c->recording && c->in_iter) {
     int64_t t = cap__now_ns(c->dev) - c->iter_start_ns - c->it.stall_ns;
     if (!cap__rec_free(c, id, t < 0 ? 0 : t))
@@ -410,11 +412,12 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->it.iteration = c->iteration;
   c->it.mode = c->mode;
   c->it.plan_version = c->x.plan ? c->x.plan->version : 0;
+  c->it.refused_actions = c->x.n_refused;
+  memcpy(c->it.plan_note, c->x.note, sizeof c->it.plan_note);
   c->n_fb = 0;
   c->op_seq = 0;
   c->transient_decl = 0;
-  c->log_cur.n_ops = 0;
-  c->log_cur.n_ids = 0;
+  cap__oplog_reset(&c->log_cur);
   c->log_failed = false;
   c->iter_op_errors = 0;
   for (uint32_t i = 0; i < c->n_tensors; i++) {
@@ -439,21 +442,8 @@ static void update_signature(cap_client_t *c) {
   const cap__oplog_t *l = &c->log_last;
   if (l->n_ops == 0 || l->n_ops == c->sig_ops)
     return;
-  cap_profile_t *p = cap_profile_create();
-  if (!p)
-    return;
-  int rc = 0;
-  for (uint32_t i = 0; i < c->n_tensors && rc == 0; i++)
-    rc = cap_profile_add_tensor(p, i, c->tensors[i].bytes,
-                                (cap_tensor_kind_t)c->tensors[i].kind);
-  for (uint32_t i = 0; i < l->n_ops && rc == 0; i++) {
-    const cap__oplog_op_t *op = &l->ops[i];
-    rc = cap_profile_add_op(p, i, 0, 0, op->name, l->ids + op->off, op->n_in,
-                            l->ids + op->off + op->n_in, op->n_out);
-  }
-  if (rc == 0)
-    rc = cap_profile_finish(p);
-  if (rc == 0) {
+  cap_profile_t *p = NULL;
+  if (cap__oplog_profile(c, l, &p) == 0) {
     atomic_store(&c->signature, cap_profile_signature(p));
     c->sig_ops = l->n_ops;
   }

@@ -188,6 +188,8 @@ typedef struct cap__xplan {
   uint32_t *trig;         /* action indices */
   uint8_t *fallback;      /* per action: carried out as swap (recompute
                              failed or unavailable) */
+  uint32_t n_refused;     /* actions the install-time walk refused */
+  char note[256];         /* the first of them and why */
 } cap__xplan_t;
 
 /* A plan action named by what it evicts (unique within a plan). */
@@ -216,11 +218,18 @@ typedef struct cap__oplog_op {
   uint32_t n_in, n_out;
 } cap__oplog_op_t;
 
+/* A free between ops: tensor freed before op `before` began. */
+typedef struct cap__oplog_free {
+  uint32_t tensor, before;
+} cap__oplog_free_t;
+
 typedef struct cap__oplog {
   cap__oplog_op_t *ops;
   uint32_t n_ops, cap_ops;
   uint32_t *ids;
   uint32_t n_ids, cap_ids;
+  cap__oplog_free_t *frees;
+  uint32_t n_frees, cap_frees;
 } cap__oplog_t;
 
 /* Stats shared with other threads (cap_client_get_stats). */
@@ -356,7 +365,16 @@ static inline const cap__slot_t *cap__slot_at(const cap__xplan_t *x,
 /* oplog.c */
 int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
                    uint32_t n_in, const uint32_t *out, uint32_t n_out);
+/* The framework freed tensor before the next op. */
+int cap__oplog_free(cap__oplog_t *l, uint32_t tensor);
+/* Forget the ops and frees, keep the memory (a new iteration). */
+void cap__oplog_reset(cap__oplog_t *l);
 void cap__oplog_close(cap__oplog_t *l);
+/* The log as a finished profile over the client's tensors (op i runs in
+ * [10i + 2, 10i + 6], a free before op k happens at 10k): what the plan
+ * walk and the model signature are computed on. *out is the caller's. */
+int cap__oplog_profile(const cap_client_t *c, const cap__oplog_t *l,
+                       cap_profile_t **out);
 
 /* executor.c: the hot path. */
 int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
@@ -391,6 +409,11 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
  * only writes it), whatever state it is in. */
 int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict);
 int cap__ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
+
+/* Remember that the action evicting tensor after access failed: every
+ * plan version installed later swaps it instead, and the daemon hears of
+ * it with the iteration's end. */
+void cap__note_failed(cap_client_t *c, uint32_t tensor, uint32_t access);
 
 /* recompute.c: run the recompute list of dropped tensor id's action. */
 int cap__recompute(cap_client_t *c, uint32_t id);

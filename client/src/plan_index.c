@@ -39,6 +39,54 @@ static bool recompute_usable(cap_client_t *c, const cap_plan_t *p,
   return false;
 }
 
+/* The plan walked over the last iteration's log (docs/plan-semantics.md,
+ * the walk the daemon's validator and simulator use): an action whose list
+ * cannot run here exactly as written is carried out as a swap from the
+ * start, and the daemon is told. A plan that does not fit the log at all
+ * (accesses that do not exist) is refused with the validator's message. */
+static int check_against_log(cap_client_t *c, const cap_plan_t *plan,
+                             cap__xplan_t *x) {
+  cap_profile_t *p = NULL;
+  if (cap__oplog_profile(c, &c->log_last, &p) < 0)
+    return 0; /* the log does not make a profile: the executor still checks */
+  char err[224];
+  int rc = cap_plan_validate(plan, p, err, sizeof err);
+  cap_plan_t *walked = NULL;
+  /* each round swaps one more action: at most one per action */
+  for (uint32_t n = 0; rc == CAP_EINVAL && n <= plan->n_actions; n++) {
+    cap_plan_fault_t f;
+    if (!walked && !(walked = cap_plan_clone(plan))) {
+      rc = CAP_ENOMEM;
+      break;
+    }
+    rc = cap_plan_walk(walked, p, &f);
+    if (rc != CAP_EINVAL)
+      break;
+    if (f.action == CAP_NONE) {
+      cap__set_error(c, "plan v%u does not fit the last iteration: %s",
+                     plan->version, err);
+      break;
+    }
+    /* walk on as the executor will run it: that tensor swapped */
+    cap_action_t *a = &walked->actions[f.action];
+    if (!x->n_refused++) {
+      char why[192];
+      cap_plan_fault_format(walked, p, &f, why, sizeof why);
+      snprintf(x->note, sizeof x->note, "plan v%u swaps instead: %s",
+               plan->version, why);
+    }
+    x->fallback[f.action] = 1;
+    cap__note_failed(c, a->tensor, a->evict_after_access);
+    a->method = CAP_METHOD_SWAP;
+    a->recompute_off = a->n_recompute = 0;
+    a->prefetch_tensor = CAP_NONE;
+    a->prefetch_access = 0;
+  }
+  cap_plan_destroy(walked);
+  cap_profile_destroy(p);
+  return rc == CAP_ENOMEM ? 0 : rc;
+}
+
 /* Build the (tensor, access) index of a plan and make it the installed one.
  * Takes ownership of plan. Actions naming unknown tensors are refused as a
  * whole (the plan was made for another job). */
@@ -46,7 +94,7 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   int rc = CAP_ENOMEM;
   cap__xplan_t x = {0};
   uint32_t nt = c->n_tensors;
-  uint32_t *maxk = NULL, *ntrig = NULL;
+  uint32_t *maxk = NULL;
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
     if (a->tensor >= nt || a->evict_after_access == 0 ||
@@ -63,10 +111,9 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
     }
   }
   maxk = calloc(nt ? nt : 1, sizeof *maxk);
-  ntrig = calloc(nt ? nt : 1, sizeof *ntrig);
   x.slot_off = calloc((size_t)nt + 1, sizeof *x.slot_off);
   x.fallback = calloc(plan->n_actions ? plan->n_actions : 1, 1);
-  if (!maxk || !ntrig || !x.slot_off || !x.fallback)
+  if (!maxk || !x.slot_off || !x.fallback)
     goto out;
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
@@ -82,6 +129,9 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
           c->failed[f].access == a->evict_after_access)
         x.fallback[i] = 1;
   }
+  if (c->log_last_valid && (rc = check_against_log(c, plan, &x)) < 0)
+    goto out;
+  rc = CAP_ENOMEM;
   uint64_t total = 0;
   for (uint32_t t = 0; t < nt; t++) {
     x.slot_off[t] = (uint32_t)total;
@@ -127,11 +177,9 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   cap__x_clear(c);
   c->x = x;
   free(maxk);
-  free(ntrig);
   return 0;
 out:
   free(maxk);
-  free(ntrig);
   free(x.slot_off);
   free(x.slots);
   free(x.trig);

@@ -101,6 +101,21 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
   return 0;
 }
 
+void cap__note_failed(cap_client_t *c, uint32_t tensor, uint32_t access) {
+  for (uint32_t i = 0; i < c->n_failed; i++)
+    if (c->failed[i].tensor == tensor && c->failed[i].access == access)
+      return;
+  if (c->n_failed == c->cap_failed) {
+    uint32_t n = c->cap_failed ? c->cap_failed * 2 : 16;
+    cap__action_key_t *f = realloc(c->failed, (size_t)n * sizeof *f);
+    if (!f)
+      return; /* this version still falls back; a later one may not */
+    c->failed = f;
+    c->cap_failed = n;
+  }
+  c->failed[c->n_failed++] = (cap__action_key_t){tensor, access};
+}
+
 /* The eviction in force for tensor id could not be carried out: swap it
  * instead from now on, in this plan version and every later one. */
 static void fall_back(cap_client_t *c, uint32_t id) {
@@ -111,20 +126,7 @@ static void fall_back(cap_client_t *c, uint32_t id) {
     return;
   const cap_action_t *a = &c->x.plan->actions[t->out_action];
   c->x.fallback[t->out_action] = 1;
-  for (uint32_t i = 0; i < c->n_failed; i++)
-    if (c->failed[i].tensor == a->tensor &&
-        c->failed[i].access == a->evict_after_access)
-      return;
-  if (c->n_failed == c->cap_failed) {
-    uint32_t n = c->cap_failed ? c->cap_failed * 2 : 16;
-    cap__action_key_t *f = realloc(c->failed, (size_t)n * sizeof *f);
-    if (!f)
-      return; /* this version still falls back; a later one may not */
-    c->failed = f;
-    c->cap_failed = n;
-  }
-  c->failed[c->n_failed++] =
-      (cap__action_key_t){a->tensor, a->evict_after_access};
+  cap__note_failed(c, a->tensor, a->evict_after_access);
 }
 
 static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {

@@ -127,6 +127,7 @@ typedef struct row {
   uint64_t budget_bytes;
   int64_t mismatches, errors;
   char first_error[256];
+  uint32_t prev_plan_version; /* of the row before: notes print once */
 } row_t;
 
 /* s as the inside of a JSON string. */
@@ -162,6 +163,11 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
       json_str(w->first_error);
       putchar('"');
     }
+    if (s->refused_actions) {
+      printf(",\"refused_actions\":%u,\"plan_note\":\"", s->refused_actions);
+      json_str(s->plan_note);
+      putchar('"');
+    }
     putchar('}');
   } else {
     if (first)
@@ -175,6 +181,9 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            s->bytes_in / 1048576.0, s->recomputed_ops, s->stall_ns / 1e6,
            s->plan_version, w->mismatches, w->predicted_ns / 1e6,
            w->errors ? "  (errors)" : "");
+    if (s->refused_actions && s->plan_version != w->prev_plan_version)
+      printf("     %u actions swapped instead; the first: %s\n",
+             s->refused_actions, s->plan_note);
     if (w->errors)
       printf("     first error: %s\n", w->first_error);
   }
@@ -479,8 +488,10 @@ int main(int argc, char **argv) {
   }
   int64_t total_mm = 0, total_err = 0;
   int status = 0;
+  uint32_t prev_version = 0;
   for (uint64_t i = 0; i < iterations; i++) {
     row_t row = {0};
+    row.prev_plan_version = prev_version;
     rc = run_iteration(&r, &row);
     if (rc < 0) {
       fprintf(stderr, "capuchin-replay: iteration %" PRIu64 ": %s (%s)\n",
@@ -491,6 +502,7 @@ int main(int argc, char **argv) {
     total_mm += row.mismatches;
     total_err += row.errors;
     print_row(&row, json, i == 0, scale);
+    prev_version = row.st.plan_version;
     /* Give the daemon a moment to plan after the measured iteration, as a
      * framework's data loader would. */
     if (row.st.mode == CAP_MODE_MEASURED)

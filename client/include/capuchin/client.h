@@ -174,6 +174,11 @@ typedef struct cap_iter_stats {
                               or a guided allocation that did not fit) */
   uint32_t budget_waits;   /* allocations that waited for a running swap-out
                               to release memory (counted in stall_ns) */
+  uint32_t refused_actions;/* actions of the plan in force the client swaps
+                              instead: walked over the last iteration when
+                              the plan was installed, their recompute lists
+                              could not run as written */
+  char plan_note[256];     /* the first such action and why, "" when none */
   uint32_t op_errors;      /* op begins that failed (the op did not run) */
   char first_error[256];   /* the first op error's message ("op 526
                               aten.native_batch_norm_backward: recompute of
