@@ -67,6 +67,8 @@ typedef struct cap__tracker_limits {
   uint64_t max_accesses;
   uint32_t max_ops;
   uint32_t max_tensors;
+  uint32_t max_names;      /* distinct op names of one iteration */
+  uint64_t max_name_bytes; /* their bytes, NULs included */
 } cap__tracker_limits_t;
 
 /* Everything a profile is built from; owned arrays, movable to a task. */
@@ -101,6 +103,7 @@ typedef struct cap__tracker {
   /* Name interning: open addressing over rec.names. */
   uint32_t *name_slots; /* index + 1, 0 empty */
   uint32_t n_slots;
+  uint64_t name_bytes; /* of rec.names, counted against max_name_bytes */
 } cap__tracker_t;
 
 void cap__tracker_init(cap__tracker_t *t, const cap__tracker_limits_t *lim);
@@ -157,6 +160,8 @@ struct cap_daemon {
   bool signals;
   uv_timer_t probe;
   bool probing;
+  uv_timer_t sweep; /* cap__daemon_sweep */
+  bool sweeping;
   uint64_t probe_last_ns;
   uv_prepare_t turn;     /* resumes connections throttled last turn */
   bool turn_init;
@@ -201,6 +206,8 @@ struct cap__session {
   cap_frame_decoder_t *dec;
   bool draining; /* inside the feed/drain loop (no re-entry) */
   bool paused;
+  uint64_t accepted_ms; /* loop time (uv_now) of the connection */
+  uint64_t last_rx_ms;  /* of the last bytes, or of the end of a pause */
 
   /* From Hello. */
   char job_name[256];
@@ -272,6 +279,12 @@ void cap__session_kick(cap__session_t *s);
 void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
                                int64_t plan_id);
 void cap__session_unref(cap__session_t *s);
+/* Close sessions past their deadlines: no Hello handshake_timeout_ms after
+ * accept, or a frame begun and not finished for idle_timeout_ms while
+ * input was read (a session between frames is never idle: a job between
+ * iterations sends nothing and needs no keep-alive). Loop thread; from a
+ * timer (server.c). */
+void cap__daemon_sweep(cap_daemon_t *d);
 /* Recompute budget shares of the device s is on; push changes. */
 void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *s);
 

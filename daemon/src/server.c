@@ -372,6 +372,10 @@ static void begin_stop(cap_daemon_t *d) {
     uv_close((uv_handle_t *)&d->probe, close_cb_noop);
     d->probing = false;
   }
+  if (d->sweeping) {
+    uv_close((uv_handle_t *)&d->sweep, close_cb_noop);
+    d->sweeping = false;
+  }
   if (d->turn_init) {
     uv_close((uv_handle_t *)&d->turn, close_cb_noop);
     d->turn_init = false;
@@ -467,6 +471,8 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 static void on_stop_async(uv_async_t *h) { begin_stop(h->data); }
+
+static void on_sweep(uv_timer_t *t) { cap__daemon_sweep(t->data); }
 
 static void on_probe(uv_timer_t *t) {
   cap_daemon_t *d = t->data;
@@ -680,6 +686,23 @@ int cap_daemon_run(cap_daemon_t *d, int handle_signals) {
     uv_timer_start(&d->probe, on_probe, d->cfg.stall_probe_ms,
                    d->cfg.stall_probe_ms);
     d->probing = true;
+  }
+  {
+    /* A quarter of the shorter deadline: a session is closed at most 25 %
+     * late, and an idle daemon wakes at most once a second for it. */
+    uint32_t ms = d->cfg.handshake_timeout_ms < d->cfg.idle_timeout_ms
+                      ? d->cfg.handshake_timeout_ms
+                      : d->cfg.idle_timeout_ms;
+    ms /= 4;
+    if (ms < 5)
+      ms = 5;
+    if (ms > 1000)
+      ms = 1000;
+    uv_timer_init(d->loop, &d->sweep);
+    d->sweep.data = d;
+    uv_timer_start(&d->sweep, on_sweep, ms, ms);
+    uv_unref((uv_handle_t *)&d->sweep); /* the sessions keep the loop alive */
+    d->sweeping = true;
   }
   cap__log(CAP_LOG_INFO,
            "listening on %s (mode 0660), database %s, max %" PRIu32

@@ -11,6 +11,9 @@
  * one of its own callbacks.
  */
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +51,8 @@ cap__session_t *cap__session_create(cap_daemon_t *d,
       .max_accesses = d->cfg.max_accesses_per_iteration,
       .max_ops = d->cfg.max_ops_per_iteration,
       .max_tensors = d->cfg.max_tensors,
+      .max_names = d->cfg.max_op_names,
+      .max_name_bytes = d->cfg.max_op_name_bytes,
   };
   cap__tracker_init(&s->tracker, &tl);
   s->d = d;
@@ -58,6 +63,7 @@ cap__session_t *cap__session_create(cap_daemon_t *d,
   s->uid = uid;
   s->gid = gid;
   s->state = CAP__S_HELLO;
+  s->accepted_ms = s->last_rx_ms = uv_now(d->loop);
   s->refs = 1; /* the transport */
   s->next = d->sessions;
   if (d->sessions)
@@ -82,6 +88,13 @@ static void session_free(cap__session_t *s) {
   cap_plan_destroy(s->plan_before);
   free(s->pending_fb);
   free(s);
+#ifdef __GLIBC__
+  /* glibc keeps freed heap (a session's names, records, decoder buffers:
+   * up to tens of MB) mapped; give it back, so that a client that came and
+   * went leaves the daemon's RSS where it was. Sessions end rarely, and the
+   * trim walks the arenas once. */
+  malloc_trim(0);
+#endif
 }
 
 void cap__session_unref(cap__session_t *s) {
@@ -546,6 +559,31 @@ static void drain(cap__session_t *s) {
     } else if (!want_pause && s->paused && s->io->resume) {
       s->io->resume(s->io_ctx);
       s->paused = false;
+      /* The wait was ours, not the peer's: its idle clock starts now. */
+      s->last_rx_ms = uv_now(s->d->loop);
+    }
+  }
+}
+
+void cap__daemon_sweep(cap_daemon_t *d) {
+  uint64_t now = uv_now(d->loop);
+  cap__session_t *next;
+  for (cap__session_t *s = d->sessions; s; s = next) {
+    next = s->next; /* a failed session stays listed until its close */
+    if (s->state == CAP__S_HELLO &&
+        now - s->accepted_ms >= d->cfg.handshake_timeout_ms) {
+      cap__session_fail(s, CAP_ETIMEDOUT,
+                        "no hello within %" PRIu32 " ms of connecting "
+                        "(handshake-timeout-ms)",
+                        d->cfg.handshake_timeout_ms);
+    } else if (s->state == CAP__S_ACTIVE && !s->paused &&
+               cap_frame_decoder_buffered(s->dec) > 0 &&
+               now - s->last_rx_ms >= d->cfg.idle_timeout_ms) {
+      cap__session_fail(s, CAP_ETIMEDOUT,
+                        "a frame begun %" PRIu64 " ms ago is still incomplete "
+                        "(%zu bytes buffered; idle-timeout-ms %" PRIu32 ")",
+                        now - s->last_rx_ms, cap_frame_decoder_buffered(s->dec),
+                        d->cfg.idle_timeout_ms);
     }
   }
 }
@@ -553,6 +591,7 @@ static void drain(cap__session_t *s) {
 void cap__session_feed(cap__session_t *s, const void *data, size_t len) {
   if (s->state == CAP__S_CLOSING)
     return;
+  s->last_rx_ms = uv_now(s->d->loop);
   int rc = cap_frame_decoder_feed(s->dec, data, len);
   if (rc != 0) {
     if (rc == CAP_E2BIG)

@@ -25,6 +25,9 @@ static void usage(FILE *f) {
           "[--bandwidth-tolerance X]\n"
           "                 [--evict-persistent auto|yes|no] "
           "[--alloc-headroom PCT]\n"
+          "                 [--max-op-names N] [--max-op-name-bytes BYTES]\n"
+          "                 [--handshake-timeout-ms MS] [--idle-timeout-ms MS]\n"
+          "                 [--max-queued-store-rows N] [--db-mode 0600|0640|0660]\n"
           "\n"
           "Defaults: socket $CAPUCHIN_SOCKET, else /run/capuchin/capuchind.sock "
           "as root\n"
@@ -41,10 +44,12 @@ static const char *const keys[] = {
     "log-level", "max-sessions", "log-file", "max-frame-bytes",
     "max-accesses-per-iteration", "max-ops-per-iteration", "max-tensors",
     "planner", "bandwidth-tolerance", "stall-probe-ms", "evict-persistent",
-    "alloc-headroom", NULL};
+    "alloc-headroom", "max-op-names", "max-op-name-bytes",
+    "handshake-timeout-ms", "idle-timeout-ms", "max-queued-store-rows",
+    "db-mode", NULL};
 
 int main(int argc, char **argv) {
-  struct option opts[32];
+  struct option opts[40];
   int n = 0;
   for (; keys[n]; n++)
     opts[n] = (struct option){keys[n], required_argument, NULL, 1000 + n};

@@ -42,6 +42,16 @@ typedef struct cap_daemon_config {
   uint32_t max_ops_per_iteration;
   uint32_t max_tensors;       /* declared tensors of one session */
   size_t max_pending_write_bytes; /* unsent output before a slow reader is cut */
+  /* Hostile clients (issue 10). */
+  uint32_t max_op_names;        /* distinct op names of one iteration */
+  uint64_t max_op_name_bytes;   /* and their bytes */
+  uint32_t handshake_timeout_ms; /* accept -> Hello */
+  uint32_t idle_timeout_ms;      /* a frame begun and not finished */
+  uint32_t max_queued_store_rows; /* iteration rows a session may have
+                                     waiting for the store before its
+                                     input is paused */
+  uint32_t db_mode;              /* permission bits of a database it creates
+                                    (0600, 0640 or 0660), whatever the umask */
   double bw_tolerance;        /* profile reuse: relative bandwidth match */
   char planner[32];           /* "capuchin" */
   /* May plans evict params and optimizer state? CAP_EVICT_PERSISTENT_AUTO:
