@@ -133,6 +133,7 @@ int cap__iter_records_build(cap__iter_records_t *r, const char *const *meta,
 
 /* --- Daemon context and sessions ------------------------------------------ */
 typedef struct cap__session cap__session_t;
+typedef struct cap__store_item cap__store_item_t;
 
 /* How a session talks to its peer. The session never frees its transport:
  * close() asks the transport to close (after flushing what was sent), and
@@ -171,6 +172,8 @@ struct cap_daemon {
   uv_async_t stop_async;
   bool stop_async_init;
   bool stopping;
+  cap__store_item_t *sq_head, *sq_tail; /* store_queue.c */
+  bool store_writing;                   /* a writer task is in the pool */
   cap__session_t *sessions; /* doubly linked, all not yet freed */
   uint32_t n_live;          /* sessions whose transport is open */
   uint64_t next_local_id;
@@ -248,6 +251,8 @@ struct cap__session {
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
   uint32_t refs; /* tasks holding the session */
+  uint32_t store_queued; /* iteration rows queued or being written */
+  bool store_blocked;    /* input paused until the store catches up */
   bool ended;    /* job end recorded */
 
   /* Feedback as an experiment: the plan the one in force was refined
@@ -303,12 +308,16 @@ void cap__work_replan(cap__session_t *s);
 void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
 /* Store `plan` (taken) as the session's next version and push it. */
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan);
-/* Fire-and-forget store writes (do not hold the session). */
-void cap__work_store_iteration(cap_daemon_t *d,
+/* --- Store writes nobody waits for (store_queue.c) ------------------------ */
+/* Queue s's iteration row; holds s until it is written, and pauses s's
+ * input while max_queued_store_rows of its rows wait. */
+void cap__work_store_iteration(cap__session_t *s,
                                const cap_store_iteration_t *it);
 void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes);
 void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
                          const char *status);
+/* Drop what is still queued (the loop no longer runs). */
+void cap__store_queue_drop(cap_daemon_t *d);
 
 uint64_t cap__now_ns(void);
 

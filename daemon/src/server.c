@@ -330,6 +330,7 @@ int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,
 }
 
 void cap__daemon_close_core(cap_daemon_t *d) {
+  cap__store_queue_drop(d);
   cap_store_close(d->store);
   d->store = NULL;
 }

@@ -379,7 +379,7 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     if (!it.plan_id)
       it.plan_version = 0; /* a version this session never sent */
   }
-  cap__work_store_iteration(s->d, &it);
+  cap__work_store_iteration(s, &it);
   if (!e->measured && it.plan_version && s->plan &&
       e->plan_version == s->plan->version)
     judge_refinement(s, e->iter_ns);
@@ -533,7 +533,8 @@ static void drain(cap__session_t *s) {
   if (s->draining)
     return;
   s->draining = true;
-  while (s->state == CAP__S_HELLO || s->state == CAP__S_ACTIVE) {
+  while ((s->state == CAP__S_HELLO || s->state == CAP__S_ACTIVE) &&
+         !s->store_blocked) {
     Capuchin__Envelope *env = NULL;
     char err[512] = "";
     int rc = cap_frame_decoder_next(s->dec, &env, err, sizeof err);
@@ -549,10 +550,12 @@ static void drain(cap__session_t *s) {
     cap_frame_decoder_release(s->dec, env);
   }
   s->draining = false;
-  /* While the Hello is registered, hold the socket so that buffered input
-   * stays bounded; resume when the Welcome is out. */
+  /* While the Hello is registered, or the session's rows wait for the
+   * store (store_queue.c), hold the socket so that buffered input stays
+   * bounded; resume when the Welcome is out or the rows are written. */
   if (s->io_ctx) {
-    bool want_pause = s->state == CAP__S_WELCOMING;
+    bool want_pause = s->state == CAP__S_WELCOMING ||
+                      (s->state == CAP__S_ACTIVE && s->store_blocked);
     if (want_pause && !s->paused && s->io->pause) {
       s->io->pause(s->io_ctx);
       s->paused = true;
@@ -576,7 +579,7 @@ void cap__daemon_sweep(cap_daemon_t *d) {
                         "no hello within %" PRIu32 " ms of connecting "
                         "(handshake-timeout-ms)",
                         d->cfg.handshake_timeout_ms);
-    } else if (s->state == CAP__S_ACTIVE && !s->paused &&
+    } else if (s->state == CAP__S_ACTIVE && !s->paused && !s->store_blocked &&
                cap_frame_decoder_buffered(s->dec) > 0 &&
                now - s->last_rx_ms >= d->cfg.idle_timeout_ms) {
       cap__session_fail(s, CAP_ETIMEDOUT,

@@ -1358,3 +1358,34 @@ int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
     return cap__store_fail(CAP_EINVAL, "iteration put: NULL argument");
   LOCKED(s, iteration_put(s, it, iteration_id));
 }
+
+static int iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                          uint32_t n, uint32_t *skipped) {
+  int rc = tx_begin(s);
+  if (rc)
+    return rc;
+  for (uint32_t i = 0; i < n; i++) {
+    rc = iteration_put(s, &its[i], NULL);
+    if (rc == CAP_ERANGE) { /* refused before it reached SQLite */
+      if (skipped)
+        (*skipped)++;
+      continue;
+    }
+    if (rc) {
+      tx_rollback(s);
+      return rc;
+    }
+  }
+  return tx_commit(s);
+}
+
+int cap_store_iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                             uint32_t n, uint32_t *skipped) {
+  if (skipped)
+    *skipped = 0;
+  if (!s || (!its && n))
+    return cap__store_fail(CAP_EINVAL, "iterations put: NULL argument");
+  if (n == 0)
+    return 0;
+  LOCKED(s, iterations_put(s, its, n, skipped));
+}

@@ -187,4 +187,10 @@ typedef struct cap_store_iteration {
 int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
                             int64_t *iteration_id /* may be NULL */);
 
+/* Store n rows in one transaction (one fsync for all of them). A row whose
+ * values are out of range is skipped and counted in *skipped (may be NULL);
+ * any other failure rolls the whole batch back. */
+int cap_store_iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                             uint32_t n, uint32_t *skipped);
+
 #endif /* CAPUCHIN_DAEMON_STORE_H */
