@@ -149,8 +149,31 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
                     err_len);
   }
   if (strcmp(key, "gpu-memory") == 0) {
+    /* BYTES for every device, or INDEX:BYTES for one. */
+    const char *colon = strchr(value, ':');
+    uint64_t dev = UINT64_MAX;
+    if (colon) {
+      char idx[16];
+      size_t n = (size_t)(colon - value);
+      if (n == 0 || n >= sizeof idx) {
+        snprintf(err, err_len, "gpu-memory: '%s' is not BYTES or INDEX:BYTES",
+                 value);
+        return CAP_EINVAL;
+      }
+      memcpy(idx, value, n);
+      idx[n] = 0;
+      if (parse_u64(idx, CAP_DAEMON_MAX_DEVICES - 1, &dev) != 0) {
+        snprintf(err, err_len, "gpu-memory: device index '%s' is not in 0..%d",
+                 idx, CAP_DAEMON_MAX_DEVICES - 1);
+        return CAP_ERANGE;
+      }
+      value = colon + 1;
+    }
     BYTES();
-    cfg->gpu_memory_bytes = u;
+    if (dev == UINT64_MAX)
+      cfg->gpu_memory_bytes = u;
+    else
+      cfg->gpu_memory_dev[dev] = u;
     return 0;
   }
   if (strcmp(key, "allow-uid") == 0 || strcmp(key, "allow-gid") == 0) {

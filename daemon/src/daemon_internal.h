@@ -51,6 +51,15 @@ int cap__notify(const char *state);
  * Returns true when the requests were cut. */
 bool cap__budget_shares(const uint64_t *req, const uint64_t *floor_,
                         uint32_t n, uint64_t capacity, uint64_t *out);
+/* A device's capacity when the operator did not set it (gpu-memory): from
+ * the totals its n sessions report (claim[i], 0 = none), oldest session
+ * first. The claim most others agree with (within 25 %; ties: the older
+ * session's) wins, and the capacity is the largest claim agreeing with it:
+ * never a minimum (or a maximum) one client can set alone. Claims that
+ * disagree are marked in ignored[i] (may be NULL). Returns 0 with no
+ * claim. */
+uint64_t cap__budget_capacity(const uint64_t *claim, uint32_t n,
+                              bool *ignored);
 
 /* --- Tracker (tracker.c) ----------------------------------------------------
  * Records of the iteration in progress, checked as they arrive (dense ids,
@@ -218,6 +227,7 @@ struct cap__session {
   uint32_t device_index;
   char device_name[256];
   uint64_t device_total_bytes;
+  bool claim_ignored; /* device_total_bytes disagrees (logged once) */
   uint64_t requested_budget;
   uint64_t granted_budget;
   uint64_t hello_persistent;

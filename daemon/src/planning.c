@@ -435,6 +435,21 @@ static void work_cb(uv_work_t *req) {
 }
 
 static void finish_plan(cap__session_t *s, task_t *t) {
+  if (t->plan && t->plan->budget_bytes != s->granted_budget) {
+    /* The budget changed while this plan was made (a job came or went):
+     * every plan a session gets fits the budget it has now, so this one is
+     * dropped and the replan below makes the one that does. It is stored,
+     * which is harmless: it is a valid plan for its own budget. */
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": plan for budget %" PRIu64
+             " not pushed: the budget is now %" PRIu64,
+             s->local_id, t->plan->budget_bytes, s->granted_budget);
+    cap_plan_destroy(t->plan);
+    t->plan = NULL;
+    if (s->profile)
+      s->want_replan = true;
+    return;
+  }
   if (t->plan) {
     if (t->reused)
       s->d->stats.plans_reused++;

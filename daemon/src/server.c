@@ -407,6 +407,9 @@ static void reload(cap_daemon_t *d) {
       cap_daemon_config_init(&base);
       if (c->gpu_memory_bytes)
         n.gpu_memory_bytes = c->gpu_memory_bytes;
+      for (int i = 0; i < CAP_DAEMON_MAX_DEVICES; i++)
+        if (c->gpu_memory_dev[i])
+          n.gpu_memory_dev[i] = c->gpu_memory_dev[i];
       for (uint32_t i = 0; i < c->n_allow_uids; i++) {
         char v[16];
         snprintf(v, sizeof v, "%u", c->allow_uids[i]);
@@ -429,8 +432,12 @@ static void reload(cap_daemon_t *d) {
         strcmp(d->cmdline.socket_path, d->cfg.socket_path) != 0)
       cap__log(CAP_LOG_WARN, "SIGHUP: socket and db changes need a restart");
     /* What can change at run time. */
-    bool budget_changed = n.gpu_memory_bytes != d->cfg.gpu_memory_bytes;
+    bool budget_changed =
+        n.gpu_memory_bytes != d->cfg.gpu_memory_bytes ||
+        memcmp(n.gpu_memory_dev, d->cfg.gpu_memory_dev,
+               sizeof n.gpu_memory_dev) != 0;
     d->cfg.gpu_memory_bytes = n.gpu_memory_bytes;
+    memcpy(d->cfg.gpu_memory_dev, n.gpu_memory_dev, sizeof n.gpu_memory_dev);
     memcpy(d->cfg.allow_uids, n.allow_uids, sizeof n.allow_uids);
     d->cfg.n_allow_uids = n.n_allow_uids;
     memcpy(d->cfg.allow_gids, n.allow_gids, sizeof n.allow_gids);

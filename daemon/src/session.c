@@ -240,7 +240,8 @@ void cap__session_kick(cap__session_t *s) {
       s->want_replan = false;
       cap__work_replan(s);
     } else if (s->n_pending_fb && s->plan &&
-               s->pending_fb_version == s->plan->version && may_refine(s)) {
+               s->pending_fb_version == s->plan->version && may_refine(s) &&
+               s->plan->budget_bytes == s->granted_budget) {
       cap_feedback_t *fb = s->pending_fb;
       uint32_t n = s->n_pending_fb;
       s->pending_fb = NULL;
@@ -416,6 +417,18 @@ static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
   }
   if (f->n_stalls == 0)
     return;
+  if (s->plan->budget_bytes != s->granted_budget) {
+    /* The budget was cut (or given back) since this plan: refining it would
+     * push a plan for a budget the job no longer has. The plan for the new
+     * budget (or the news that none fits) is what the job gets. */
+    cap__log(CAP_LOG_DEBUG,
+             "session %" PRIu64 ": feedback for plan v%" PRIu32
+             " not used (it was for budget %" PRIu64 ", the budget is %" PRIu64
+             ")",
+             s->local_id, f->plan_version, s->plan->budget_bytes,
+             s->granted_budget);
+    return;
+  }
   if (!may_refine(s)) {
     cap__log(CAP_LOG_DEBUG,
              "session %" PRIu64 ": feedback for plan v%" PRIu32
@@ -627,23 +640,45 @@ void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *who_) {
     return;
   cap__session_t **list = malloc(n * sizeof *list);
   uint64_t *req = malloc(n * sizeof *req), *fl = malloc(n * sizeof *fl),
-           *out = malloc(n * sizeof *out);
-  if (!list || !req || !fl || !out)
+           *out = malloc(n * sizeof *out), *claim = malloc(n * sizeof *claim);
+  bool *ignored = malloc(n * sizeof *ignored);
+  if (!list || !req || !fl || !out || !claim || !ignored)
     goto out_free;
-  uint32_t i = 0;
-  uint64_t capacity = d->cfg.gpu_memory_bytes;
-  bool from_hello = capacity == 0;
-  for (cap__session_t *s = d->sessions; s; s = s->next) {
-    if (!((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
-          same_device(s, who_)))
-      continue;
-    list[i] = s;
+  /* Oldest session first (the list is newest first): on a tie between
+   * claims, the job that was there first is believed. */
+  uint32_t i = n;
+  for (cap__session_t *s = d->sessions; s; s = s->next)
+    if ((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
+        same_device(s, who_))
+      list[--i] = s;
+  for (i = 0; i < n; i++) {
+    cap__session_t *s = list[i];
     req[i] = s->requested_budget;
     fl[i] = s->profile ? s->profile->persistent_bytes : s->hello_persistent;
-    if (from_hello && s->device_total_bytes &&
-        (capacity == 0 || s->device_total_bytes < capacity))
-      capacity = s->device_total_bytes;
-    i++;
+    claim[i] = s->device_total_bytes;
+  }
+  /* The operator's word first; else what the clients agree on, so that no
+   * one client can shrink (or inflate) a device the others share. */
+  uint64_t capacity = who_->device_index < CAP_DAEMON_MAX_DEVICES
+                          ? d->cfg.gpu_memory_dev[who_->device_index]
+                          : 0;
+  if (!capacity)
+    capacity = d->cfg.gpu_memory_bytes;
+  if (!capacity) {
+    capacity = cap__budget_capacity(claim, n, ignored);
+    for (i = 0; i < n; i++) {
+      cap__session_t *s = list[i];
+      if (ignored[i] && !s->claim_ignored) {
+        char w[320];
+        cap__log(CAP_LOG_WARN,
+                 "%s: claims device %" PRIu32 " '%s' has %" PRIu64
+                 " bytes, far from what the other jobs on it report (%" PRIu64
+                 "); claim ignored (set gpu-memory to decide)",
+                 who(s, w, sizeof w), s->device_index, s->device_name,
+                 s->device_total_bytes, capacity);
+      }
+      s->claim_ignored = ignored[i];
+    }
   }
   if (capacity == 0)
     capacity = UINT64_MAX;
@@ -683,4 +718,6 @@ out_free:
   free(req);
   free(fl);
   free(out);
+  free(claim);
+  free(ignored);
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #define CAP_DAEMON_MAX_ALLOW 64 /* entries of each allow list */
+#define CAP_DAEMON_MAX_DEVICES 64 /* device indices gpu-memory can name */
 
 typedef enum {
   CAP_LOG_ERROR = 0,
@@ -29,7 +30,10 @@ typedef struct cap_daemon_config {
   char db_path[4096];
   char config_path[4096]; /* "" when none */
   char log_file[4096];    /* "" = stderr; reopened on SIGHUP */
-  uint64_t gpu_memory_bytes; /* 0: use the device total from Hello */
+  uint64_t gpu_memory_bytes; /* every device; 0: from the clients' Hellos */
+  /* gpu-memory = INDEX:BYTES, one device (wins over gpu_memory_bytes);
+   * 0: unset. */
+  uint64_t gpu_memory_dev[CAP_DAEMON_MAX_DEVICES];
   uint32_t allow_uids[CAP_DAEMON_MAX_ALLOW];
   uint32_t n_allow_uids;
   uint32_t allow_gids[CAP_DAEMON_MAX_ALLOW];
