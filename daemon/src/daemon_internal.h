@@ -202,6 +202,7 @@ typedef enum {
   CAP__W_MEASURED,
   CAP__W_REPLAN,
   CAP__W_REFINE,
+  CAP__W_PROBE, /* does any plan fit? (an iteration that did not fit) */
 } cap__work_kind_t;
 
 #define CAP__PLAN_HISTORY 8
@@ -257,6 +258,7 @@ struct cap__session {
   cap__work_kind_t busy;
   bool want_replan;
   bool measuring_done; /* a measured iteration went to planning */
+  uint64_t probed_budget; /* budget a probe ran for (cap__work_probe) */
   cap_feedback_t *pending_fb;
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
@@ -315,6 +317,11 @@ void cap__work_hello(cap__session_t *s);
 void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
                         int64_t iter_ns, uint64_t peak_bytes);
 void cap__work_replan(cap__session_t *s);
+/* Records of a measured iteration some ops of which did not fit the budget:
+ * build the profile and plan for the budget only to tell the client, when
+ * none fits, the smallest budget that does (nothing is stored or pushed
+ * otherwise). Takes rec. */
+void cap__work_probe(cap__session_t *s, cap__iter_records_t *rec);
 void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
 /* Store `plan` (taken) as the session's next version and push it. */
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan);

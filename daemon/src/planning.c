@@ -324,6 +324,29 @@ static void work_cb(uv_work_t *req) {
     t->reused = true;
     return;
   }
+  case CAP__W_PROBE: {
+    const char *meta[] = {"source", "capuchind", NULL};
+    cap_profile_t *p = NULL;
+    rc = cap__iter_records_build(&t->rec, meta, &p, t->err, sizeof t->err);
+    cap__iter_records_free(&t->rec);
+    if (rc) {
+      /* Records a profile cannot be built from: nothing to tell. */
+      cap__log(CAP_LOG_INFO, "probe: %s", t->err);
+      t->err[0] = 0;
+      return;
+    }
+    cap_plan_t *plan = NULL;
+    uint64_t t0 = cap__now_ns();
+    rc = plan_with_fallback(t, p, t->budget, &plan, &t->evicts_persistent);
+    t->plan_us = (cap__now_ns() - t0) / 1000;
+    if (rc == CAP_EINFEASIBLE) {
+      t->infeasible = true;
+      t->best_peak = plan ? plan->predicted_peak_bytes : 0;
+    }
+    cap_plan_destroy(plan);
+    cap_profile_destroy(p);
+    return;
+  }
   case CAP__W_MEASURED: {
     char iter_ns[32], peak[32];
     snprintf(iter_ns, sizeof iter_ns, "%" PRId64, t->iter_ns);
@@ -495,14 +518,26 @@ static void finish_plan(cap__session_t *s, task_t *t) {
   } else if (t->infeasible) {
     cap__log(CAP_LOG_WARN,
              "session %" PRIu64 " (job '%s'): no plan fits budget %" PRIu64
-             " (smallest peak %" PRIu64 "); the client stays in passive mode",
+             " (smallest feasible budget %" PRIu64 "); the client stays in "
+             "passive mode",
              s->local_id, s->job_name, t->budget, t->best_peak);
     Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
     bu.has_budget_bytes = 1;
     bu.budget_bytes = t->budget;
-    char reason[128];
-    snprintf(reason, sizeof reason, "no plan fits; smallest peak %" PRIu64,
-             t->best_peak);
+    char reason[192];
+    if (t->best_peak) {
+      /* The number the user needs: what to ask for instead (issue 10). */
+      bu.has_min_budget_bytes = 1;
+      bu.min_budget_bytes = t->best_peak;
+      snprintf(reason, sizeof reason,
+               "no plan fits budget %" PRIu64 " bytes (%.1f MiB); the smallest "
+               "feasible budget is %" PRIu64 " bytes (%.1f MiB)",
+               t->budget, (double)t->budget / 1048576.0, t->best_peak,
+               (double)t->best_peak / 1048576.0);
+    } else {
+      snprintf(reason, sizeof reason, "no plan fits budget %" PRIu64 " bytes",
+               t->budget);
+    }
     bu.reason = reason;
     Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
     cap_proto_envelope_set(&env, &bu);
@@ -569,6 +604,14 @@ static void after_cb(uv_work_t *req, int status) {
     goto out;
   if (t->rc) {
     cap__session_fail(s, t->rc, "%s", t->err);
+    goto out;
+  }
+  if (t->kind == CAP__W_PROBE && !t->infeasible) {
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": some ops of the measured iteration did not "
+             "fit budget %" PRIu64 ", but a plan does (%" PRIu64 " us): "
+             "waiting for a complete measured iteration",
+             s->local_id, t->budget, t->plan_us);
     goto out;
   }
   if (t->kind == CAP__W_MEASURED) {
@@ -641,6 +684,18 @@ void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
   t->resident_bytes = s->hello_persistent;
   snprintf(t->job_name, sizeof t->job_name, "%s", s->job_name);
   snprintf(t->device_name, sizeof t->device_name, "%s", s->device_name);
+  submit(s, t);
+}
+
+void cap__work_probe(cap__session_t *s, cap__iter_records_t *rec) {
+  task_t *t = task_new(s, CAP__W_PROBE);
+  if (!t) {
+    cap__iter_records_free(rec);
+    return; /* only a courtesy: the session goes on */
+  }
+  t->rec = *rec;
+  memset(rec, 0, sizeof *rec);
+  s->probed_budget = s->granted_budget;
   submit(s, t);
 }
 

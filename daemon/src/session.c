@@ -389,8 +389,21 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
   if (e->measured && !usable) {
     cap__log(CAP_LOG_INFO,
              "%s: iteration %" PRIu64 " incomplete (%" PRIu64
-             " records dropped, %" PRIu32 " ops): not used for planning",
-             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops);
+             " records dropped, %" PRIu32 " ops%s): not used for planning",
+             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops,
+             e->has_ops_over_budget && e->ops_over_budget
+                 ? ", some over the budget"
+                 : "");
+    /* Every op was reported, some of them not run for lack of memory: the
+     * op sequence is whole, so the planner can tell whether any plan fits
+     * this budget, and if none does the client hears which one would
+     * (once per budget). */
+    if (e->has_ops_over_budget && e->ops_over_budget && dropped == 0 &&
+        rec.n_ops && !s->profile && !s->measuring_done &&
+        s->busy == CAP__W_NONE && s->probed_budget != s->granted_budget) {
+      cap__work_probe(s, &rec);
+      return; /* rec moved */
+    }
   } else if (usable && !s->profile && !s->measuring_done &&
              s->busy == CAP__W_NONE) {
     cap__log(CAP_LOG_INFO,
