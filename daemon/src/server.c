@@ -319,13 +319,21 @@ int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,
                           size_t err_len) {
   d->loop = loop;
   d->cfg = *cfg;
-  int rc = cap_store_open(cfg->db_path, CAP_STORE_CREATE, &d->store);
+  struct stat st;
+  bool was_open_to_all = stat(cfg->db_path, &st) == 0 && (st.st_mode & 0007);
+  int rc = cap_store_open_mode(cfg->db_path, CAP_STORE_CREATE, cfg->db_mode,
+                               &d->store);
   if (rc != 0) {
     snprintf(err, err_len, "%s", cap_store_last_error());
     if (!err[0])
       snprintf(err, err_len, "%s: %s", cfg->db_path, cap_strerror(rc));
     return rc;
   }
+  if (was_open_to_all)
+    cap__log(CAP_LOG_WARN,
+             "%s was readable by every local user (mode %04o); other users' "
+             "access removed",
+             cfg->db_path, (unsigned)(st.st_mode & 0777));
   return 0;
 }
 

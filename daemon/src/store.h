@@ -66,6 +66,16 @@ int cap_store_default_path(char *buf, size_t len);
  * failure. */
 int cap_store_open(const char *path, unsigned flags, cap_store_t **out);
 
+/* cap_store_open() that creates a missing database file with permission
+ * bits `mode` exactly, whatever the umask (cap_store_open: 0600); SQLite
+ * gives the -wal and -shm files the same. A read-write open of an existing
+ * file that other users may read removes their bits. Before anything is
+ * written, an existing database is also checked page by page (PRAGMA
+ * quick_check): a damaged one is refused (CAP_ECORRUPT) and left
+ * untouched. */
+int cap_store_open_mode(const char *path, unsigned flags, unsigned mode,
+                        cap_store_t **out);
+
 /* Close the connection (checkpointing the WAL if it is the last one).
  * NULL is a no-op. No other thread may be inside a call on s. */
 void cap_store_close(cap_store_t *s);
