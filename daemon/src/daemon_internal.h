@@ -333,6 +333,10 @@ void cap__work_store_iteration(cap__session_t *s,
 void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes);
 void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
                          const char *status);
+/* Give the store's cached pages and free heap back to the system, after
+ * what is queued (a session closed: what it made the cache hold is not
+ * needed by the others). */
+void cap__work_store_trim(cap_daemon_t *d);
 /* Drop what is still queued (the loop no longer runs). */
 void cap__store_queue_drop(cap_daemon_t *d);
 

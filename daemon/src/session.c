@@ -88,6 +88,8 @@ static void session_free(cap__session_t *s) {
   cap_plan_destroy(s->plan_before);
   free(s->pending_fb);
   free(s);
+  if (d->store)
+    cap__work_store_trim(d);
 #ifdef __GLIBC__
   /* glibc keeps freed heap (a session's names, records, decoder buffers:
    * up to tens of MB) mapped; give it back, so that a client that came and

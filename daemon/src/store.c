@@ -613,6 +613,14 @@ void cap_store_close(cap_store_t *s) {
   free(s);
 }
 
+void cap_store_release_memory(cap_store_t *s) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->mu);
+  sqlite3_db_release_memory(s->db);
+  pthread_mutex_unlock(&s->mu);
+}
+
 sqlite3 *cap_store_db(cap_store_t *s) {
   return s ? s->db : NULL;
 }

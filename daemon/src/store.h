@@ -76,6 +76,10 @@ int cap_store_open(const char *path, unsigned flags, cap_store_t **out);
 int cap_store_open_mode(const char *path, unsigned flags, unsigned mode,
                         cap_store_t **out);
 
+/* Give back the page cache's unused pages (sqlite3_db_release_memory);
+ * the cache refills as pages are read again. Any thread. */
+void cap_store_release_memory(cap_store_t *s);
+
 /* Close the connection (checkpointing the WAL if it is the last one).
  * NULL is a no-op. No other thread may be inside a call on s. */
 void cap_store_close(cap_store_t *s);

@@ -14,6 +14,9 @@
  * client that outruns the store is slowed to the store's pace, not cut.
  */
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +27,7 @@
  * small enough that a Hello waiting on the store's lock waits a few ms. */
 #define STORE_BATCH 256u
 
-typedef enum { ITEM_ITERATION, ITEM_BUDGET, ITEM_END } item_kind_t;
+typedef enum { ITEM_ITERATION, ITEM_BUDGET, ITEM_END, ITEM_TRIM } item_kind_t;
 
 struct cap__store_item {
   cap__store_item_t *next;
@@ -71,7 +74,12 @@ static void writer_work(uv_work_t *req) {
       continue;
     }
     flush_rows(w, &n); /* keep the order of the events */
-    if (i->kind == ITEM_BUDGET) {
+    if (i->kind == ITEM_TRIM) {
+      cap_store_release_memory(w->store);
+#ifdef __GLIBC__
+      malloc_trim(0);
+#endif
+    } else if (i->kind == ITEM_BUDGET) {
       if (cap_store_job_set_budget(w->store, i->job_id, i->bytes) != 0)
         log_store_error("storing a budget");
     } else {
@@ -204,6 +212,18 @@ void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
   i->job_id = job_id;
   i->session_id = session_id;
   snprintf(i->status, sizeof i->status, "%s", status ? status : "ok");
+  enqueue(d, i);
+}
+
+void cap__work_store_trim(cap_daemon_t *d) {
+  /* One is enough: a trim already waiting will run after this close. */
+  for (cap__store_item_t *i = d->sq_head; i; i = i->next)
+    if (i->kind == ITEM_TRIM)
+      return;
+  cap__store_item_t *i = calloc(1, sizeof *i);
+  if (!i)
+    return;
+  i->kind = ITEM_TRIM;
   enqueue(d, i);
 }
 

@@ -4,6 +4,9 @@
  * SIGTERM/SIGINT.
  */
 #include <getopt.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +52,15 @@ static const char *const keys[] = {
     "db-mode", NULL};
 
 int main(int argc, char **argv) {
+#ifdef __GLIBC__
+  /* One heap for the loop and the work threads: glibc gives each thread
+   * that allocates an arena of its own, and what a burst of clients leaves
+   * in the extra arenas (SQLite's cache pages, planning buffers) is not
+   * given back by malloc_trim; measured, 4 arenas kept 1.3 MB after a
+   * hostile client left (issue 10). The threads allocate little, so
+   * sharing one arena costs nothing measurable. */
+  mallopt(M_ARENA_MAX, 1);
+#endif
   struct option opts[40];
   int n = 0;
   for (; keys[n]; n++)
