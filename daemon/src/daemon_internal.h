@@ -185,6 +185,8 @@ struct cap_daemon {
   bool store_writing;                   /* a writer task is in the pool */
   cap__session_t *sessions; /* doubly linked, all not yet freed */
   uint32_t n_live;          /* sessions whose transport is open */
+  int fd_limit;             /* RLIMIT_NOFILE (soft) at start, raised to the
+                               hard limit where allowed */
   uint64_t next_local_id;
   cap_daemon_stats_t stats;
 };

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -250,6 +251,14 @@ static void refuse(conn_t *c, int code, const char *msg) {
   io_close(c);
 }
 
+/* Descriptors kept free below the fd limit for the store (database, -wal,
+ * -shm, a journal), the log being reopened and libuv: past it new
+ * connections are refused with an Error. At the limit itself accept()
+ * fails, and libuv then accepts and closes the connection with its spare
+ * descriptor, unseen by us: the client would get a bare EOF and the log
+ * nothing. */
+#define FD_RESERVE 16
+
 static void on_connection(uv_stream_t *server, int status) {
   cap_daemon_t *d = server->data;
   if (status < 0) {
@@ -287,6 +296,18 @@ static void on_connection(uv_stream_t *server, int status) {
              (int)cred.pid, msg);
     d->stats.sessions_refused++;
     refuse(c, CAP_EPERM, msg);
+    return;
+  }
+  if (d->fd_limit > 0 && (int)fd >= d->fd_limit - FD_RESERVE) {
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "too many open files (descriptor %d of a limit of %d; raise "
+             "LimitNOFILE / ulimit -n, or lower max-sessions)",
+             (int)fd, d->fd_limit);
+    cap__log(CAP_LOG_WARN, "connection from pid %d uid %u refused: %s",
+             (int)cred.pid, (unsigned)cred.uid, msg);
+    d->stats.sessions_refused++;
+    refuse(c, CAP_EQUOTA, msg);
     return;
   }
   if (d->n_live >= d->cfg.max_sessions || d->stopping) {
@@ -609,6 +630,20 @@ int cap_daemon_create(const cap_daemon_config_t *cfg,
     return CAP_ENOMEM;
   }
   d->own_loop = true;
+  {
+    /* Every session is a descriptor: take what the hard limit allows, and
+     * know the limit so that connections past it are refused in words. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+      if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = rl;
+        want.rlim_cur = rl.rlim_max > 1048576 ? 1048576 : rl.rlim_max;
+        if (want.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0)
+          rl = want;
+      }
+      d->fd_limit = rl.rlim_cur > INT_MAX ? INT_MAX : (int)rl.rlim_cur;
+    }
+  }
   if (cmdline) {
     d->cmdline = *cmdline;
     d->have_cmdline = true;
@@ -722,8 +757,9 @@ int cap_daemon_run(cap_daemon_t *d, int handle_signals) {
   }
   cap__log(CAP_LOG_INFO,
            "listening on %s (mode 0660), database %s, max %" PRIu32
-           " sessions%s",
+           " sessions, fd limit %d%s",
            d->cfg.socket_path, d->cfg.db_path, d->cfg.max_sessions,
+           d->fd_limit,
            d->cfg.gpu_memory_bytes ? ", gpu-memory set" : "");
   char ready[128];
   snprintf(ready, sizeof ready, "READY=1\nSTATUS=listening\nMAINPID=%ld",

@@ -5,6 +5,9 @@
  * once begun finished within idle-timeout-ms; a session between frames (a
  * job between iterations) is never cut and needs no keep-alive.
  */
+#include <sys/resource.h>
+#include <sys/wait.h>
+
 #include "cap_test.h"
 #include "testclient.h"
 
@@ -101,8 +104,59 @@ static void test_idle_mid_frame_is_closed_between_frames_is_not(void) {
     fprintf(stderr, "log: %s\n", d.log);
 }
 
+/* Issue 10: a client refused at the fd limit got a bare EOF and nothing was
+ * logged. Run in a child whose hard limit is 48 descriptors (the daemon
+ * inherits it and cannot raise it): silent connections pile up until the
+ * daemon refuses one, which must come with an Error naming the limit. */
+static void fd_limit_child(void) {
+  struct rlimit rl = {.rlim_cur = 48, .rlim_max = 48};
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    _exit(77);
+  tc_daemon_t d;
+  const char *args[] = {"--max-sessions", "1000", NULL};
+  if (tc_daemon_start(&d, NULL, args) != 0)
+    _exit(3);
+  tc_t c[40];
+  int n = 0, bare = 0, worded = 0;
+  for (; n < 40 && !worded && !bare; n++) {
+    if (tc_connect(&c[n], d.sock) != 0)
+      break;
+    /* An accepted session stays open; a refused one gets its answer. */
+    if (tc_wait_closed(&c[n], 300)) {
+      if (c[n].last_error_code == CAP_EQUOTA &&
+          strstr(c[n].last_error, "open files"))
+        worded = 1;
+      else
+        bare = 1;
+      printf("connection %d: %s\n", n,
+             c[n].last_error[0] ? c[n].last_error : "(bare EOF)");
+      fflush(stdout);
+    }
+  }
+  bool logged = tc_daemon_log_contains(&d, "too many open files");
+  for (int i = 0; i < n; i++)
+    tc_close(&c[i]);
+  tc_daemon_stop(&d);
+  if (worded && !bare && logged)
+    tc_daemon_cleanup(&d);
+  else
+    fprintf(stderr, "log: %s\n", d.log);
+  _exit(worded && !bare && logged ? 0 : 1);
+}
+
+static void test_fd_limit_refusal_is_worded(void) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0)
+    fd_limit_child();
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 77));
+}
+
 int main(void) {
   RUN_TEST(test_silent_connections_are_closed);
   RUN_TEST(test_idle_mid_frame_is_closed_between_frames_is_not);
+  RUN_TEST(test_fd_limit_refusal_is_worded);
   return TEST_SUMMARY();
 }
