@@ -420,6 +420,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
   cap__oplog_reset(&c->log_cur);
   c->log_failed = false;
   c->iter_op_errors = 0;
+  c->iter_ops_over_budget = 0;
+  c->unrun_t_ns = 0;
   for (uint32_t i = 0; i < c->n_tensors; i++) {
     c->tensors[i].n_access = 0;
   }
@@ -553,7 +555,7 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
       memset(r2, 0, sizeof *r2);
       r2->type = CAP__REC_CONT;
       uint64_t v[5] = {c->it.bytes_out, c->it.bytes_in, c->it.recomputed_ops,
-                       c->it.evictions, 0};
+                       c->it.evictions, c->iter_ops_over_budget};
       memcpy(r2->u.ids, v, sizeof v < sizeof r2->u.ids ? sizeof v
                                                       : sizeof r2->u.ids);
       cap__ring_commit(&c->ring, s + 2);
@@ -571,12 +573,37 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
   return 0;
 }
 
+/* A measured op that does not fit the budget is still recorded, with no
+ * duration: the measurement then has the job's whole op sequence and tensor
+ * sizes, from which the daemon can tell that the budget is too small and
+ * what the smallest feasible one is (issue 10). The iteration stays
+ * incomplete: it is never planned from. */
+static void record_over_budget(cap_client_t *c, const char *name,
+                               const uint32_t *in, uint32_t n_in,
+                               const uint32_t *out, uint32_t n_out) {
+  if (c->n_tensors)
+    cap__decl_upto(c, c->n_tensors - 1);
+  int64_t t = cap__now_ns(c->dev) - (c->iter_start_ns + c->it.stall_ns);
+  if (t < c->unrun_t_ns) /* never before the previous such op */
+    t = c->unrun_t_ns;
+  c->unrun_t_ns = t;
+  if (!cap__rec_op(c, c->op_seq, t, t, name, in, n_in, out, n_out)) {
+    c->it.dropped_records++;
+    return;
+  }
+  c->op_seq++;
+  c->iter_ops_over_budget++;
+}
+
 int cap_client_op_begin(cap_client_t *c, const char *name, const uint32_t *in,
                         uint32_t n_in, const uint32_t *out, uint32_t n_out,
                         void **in_ptrs, void **out_ptrs) {
   if (!c)
     return CAP_EINVAL;
-  return cap__op_begin(c, name, in, n_in, out, n_out, in_ptrs, out_ptrs);
+  int rc = cap__op_begin(c, name, in, n_in, out, n_out, in_ptrs, out_ptrs);
+  if (rc == CAP_EBUDGET && c->recording && c->in_iter && !c->op_open)
+    record_over_budget(c, name, in, n_in, out, n_out);
+  return rc;
 }
 
 int cap_client_op_end(cap_client_t *c) {
@@ -637,6 +664,11 @@ void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
   st->h2d_gbps = c->h2d_gbps;
   st->d2h_gbps = c->d2h_gbps;
   st->duplex_gbps = c->duplex_gbps;
+  pthread_mutex_lock(&c->mu);
+  st->min_budget_bytes = c->min_budget;
+  snprintf(st->daemon_message, sizeof st->daemon_message, "%s",
+           c->daemon_message);
+  pthread_mutex_unlock(&c->mu);
 }
 
 int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan) {
@@ -672,6 +704,10 @@ int cap_client_wait_plan(cap_client_t *c, uint32_t version,
   int rc = 0;
   pthread_mutex_lock(&c->mu);
   while (c->received_version <= version) {
+    if (c->min_budget) { /* the daemon said no plan fits */
+      rc = CAP_EINFEASIBLE;
+      break;
+    }
     if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0) {
       rc = CAP_ETIMEDOUT;
       break;

@@ -296,6 +296,9 @@ struct cap_client {
   bool log_last_valid;
   bool log_failed;             /* log_cur incomplete (out of memory) */
   uint32_t iter_op_errors;     /* op begins that failed this iteration */
+  uint32_t iter_ops_over_budget; /* of them: measured ops recorded although
+                                    they did not fit the budget (client.c) */
+  int64_t unrun_t_ns;          /* time recorded for the last of them */
   uint32_t sig_ops;            /* op count the signature was computed for */
   _Atomic uint64_t signature;  /* model signature of the last complete
                                   iteration (Hello, profile reuse), 0 none */
@@ -323,6 +326,10 @@ struct cap_client {
   cap_plan_t *pending_plan;    /* received, not yet installed */
   uint32_t received_version;
   uint64_t pending_budget;     /* BudgetUpdate, 0 none */
+  uint64_t min_budget;         /* the daemon found no plan for the budget:
+                                  the smallest it found one for; 0 none */
+  char daemon_message[256];    /* the daemon's last Error or reason why no
+                                  plan fits ("" none) */
   cap_iter_stats_t pending_end;/* stats for the ITER_END record */
   cap_feedback_t *pending_fb;
   uint32_t n_pending_fb;

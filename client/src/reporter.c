@@ -303,6 +303,7 @@ static void rep_handle(rep_t *r, Capuchin__Envelope *env) {
     pthread_mutex_lock(&c->mu);
     cap_plan_destroy(c->pending_plan);
     c->pending_plan = plan;
+    c->min_budget = 0; /* a plan fits now */
     c->pending_session = c->session;
     if (plan->version > c->received_version)
       c->received_version = plan->version;
@@ -310,16 +311,30 @@ static void rep_handle(rep_t *r, Capuchin__Envelope *env) {
     pthread_mutex_unlock(&c->mu);
     break;
   }
-  case CAPUCHIN__ENVELOPE__MSG_BUDGET_UPDATE:
+  case CAPUCHIN__ENVELOPE__MSG_BUDGET_UPDATE: {
+    const Capuchin__BudgetUpdate *bu = env->budget_update;
     pthread_mutex_lock(&c->mu);
-    if (env->budget_update->budget_bytes)
-      c->pending_budget = env->budget_update->budget_bytes;
+    if (bu->budget_bytes)
+      c->pending_budget = bu->budget_bytes;
+    /* No plan fits: keep what the daemon said for the user (stats), and
+     * wake a cap_client_wait_plan() that would otherwise wait in vain. */
+    c->min_budget = bu->has_min_budget_bytes ? bu->min_budget_bytes : 0;
+    if (bu->has_min_budget_bytes && bu->reason)
+      snprintf(c->daemon_message, sizeof c->daemon_message, "%s", bu->reason);
+    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     break;
+  }
   case CAPUCHIN__ENVELOPE__MSG_ERROR:
     if (getenv("CAPUCHIN_CLIENT_DEBUG"))
       fprintf(stderr, "capuchin-client: daemon error %d: %s\n",
               env->error->code, env->error->message ? env->error->message : "");
+    /* Kept for the user: "daemon unreachable" is not what happened when
+     * the daemon answered (too many sessions, not allowed, ...). */
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->daemon_message, sizeof c->daemon_message, "%s",
+             env->error->message ? env->error->message : "error");
+    pthread_mutex_unlock(&c->mu);
     break;
   case CAPUCHIN__ENVELOPE__MSG_BYE:
     r->want_close = true; /* after the message is released */
@@ -416,6 +431,10 @@ static void rep_iter_end(rep_t *r, const cap__rec_t *a, const cap__rec_t *b) {
   ie.measured = (a->b & 0x100u) != 0;
   ie.has_incomplete = 1;
   ie.incomplete = (a->b & 0x200u) != 0;
+  if (ie.measured && v[4]) {
+    ie.has_ops_over_budget = 1;
+    ie.ops_over_budget = (uint32_t)v[4];
+  }
   ie.has_mode = 1;
   switch (a->b & 0xffu) {
   case CAP_MODE_MEASURED:

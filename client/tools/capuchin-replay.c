@@ -17,7 +17,9 @@
  *
  * Exit status: 0 when every iteration ran with zero mismatches and no
  * errors, 1 when mismatches or op errors were counted, 2 when the client
- * could not be opened, 64 for bad arguments.
+ * could not be opened or the daemon found no plan for the budget (the
+ * message names the smallest budget that has one, as capuchin-sim does),
+ * 64 for bad arguments.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -188,6 +190,20 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
       printf("     first error: %s\n", w->first_error);
   }
   fflush(stdout);
+}
+
+/* The daemon as the user should hear of it: connected, off, unreachable
+ * (nobody answered), or what it said when it refused or closed. */
+static const char *daemon_state(const cap_client_stats_t *st, bool no_daemon,
+                                char *buf, size_t len) {
+  if (no_daemon)
+    return "off";
+  if (st->connected)
+    return "connected";
+  if (!st->daemon_message[0])
+    return "unreachable";
+  snprintf(buf, len, "refused the session: \"%s\"", st->daemon_message);
+  return buf;
 }
 
 static int run_iteration(replay_t *r, row_t *row) {
@@ -410,7 +426,15 @@ int main(int argc, char **argv) {
   cap_profile_t *p = NULL;
   int rc = cap_trace_load(trace, &p, err, sizeof err);
   if (rc < 0) {
-    fprintf(stderr, "capuchin-replay: %s\n", err);
+    /* The reader names the file by its last component; the user gave a
+     * path, and that is what they can act on. */
+    const char *base = strrchr(trace, '/');
+    base = base && base[1] ? base + 1 : trace;
+    size_t n = strlen(base);
+    if (base != trace && strncmp(err, base, n) == 0 && err[n] == ':')
+      fprintf(stderr, "capuchin-replay: %s%s\n", trace, err + n);
+    else
+      fprintf(stderr, "capuchin-replay: %s\n", err);
     return 64;
   }
   uint64_t budget = 0;
@@ -481,14 +505,16 @@ int main(int argc, char **argv) {
   if (!json) {
     cap_client_stats_t st;
     cap_client_get_stats(c, &st);
+    char said[300];
     printf("# %s: %u ops, %u tensors, budget %.1f MiB, backend %s, daemon %s\n",
            p->model && *p->model ? p->model : trace, p->n_ops, p->n_tensors,
            budget ? budget / 1048576.0 : st.budget_bytes / 1048576.0,
-           st.backend, no_daemon ? "off" : st.connected ? "connected" : "unreachable");
+           st.backend, daemon_state(&st, no_daemon, said, sizeof said));
   }
   int64_t total_mm = 0, total_err = 0;
   int status = 0;
   uint32_t prev_version = 0;
+  bool infeasible = false;
   for (uint64_t i = 0; i < iterations; i++) {
     row_t row = {0};
     row.prev_plan_version = prev_version;
@@ -507,16 +533,32 @@ int main(int argc, char **argv) {
      * framework's data loader would. */
     if (row.st.mode == CAP_MODE_MEASURED)
       cap_client_wait_plan(c, row.st.plan_version, 3000);
+    cap_client_stats_t cs;
+    cap_client_get_stats(c, &cs);
+    if (cs.min_budget_bytes) {
+      /* Running on would only repeat passive iterations that do not fit:
+       * say what budget would work and stop, as capuchin-sim does. */
+      uint64_t asked = budget ? budget : cs.budget_bytes;
+      fprintf(stderr,
+              "capuchin-replay: no plan fits the budget of %" PRIu64
+              " bytes (%.1f MiB); the smallest feasible budget is %" PRIu64
+              " bytes (%.1f MiB) (daemon: %s)\n",
+              asked, asked / 1048576.0, cs.min_budget_bytes,
+              cs.min_budget_bytes / 1048576.0, cs.daemon_message);
+      infeasible = true;
+      break;
+    }
   }
   if (json)
     printf("\n]\n");
   {
     cap_client_stats_t cs;
     cap_client_get_stats(c, &cs);
+    char said[300];
     fprintf(stderr,
             "capuchin-replay: %u iterations; daemon %s, %u reconnects; plan "
             "v%u; %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
-            cs.iterations, no_daemon ? "off" : cs.connected ? "connected" : "unreachable",
+            cs.iterations, daemon_state(&cs, no_daemon, said, sizeof said),
             cs.reconnects, cs.plan_version, cs.evictions, cs.fallbacks);
   }
   if (total_mm || total_err) {
@@ -524,6 +566,8 @@ int main(int argc, char **argv) {
                     " op errors\n", total_mm, total_err);
     status = 1;
   }
+  if (infeasible)
+    status = 2;
   rc = status;
 out:
   cap_client_destroy(c);

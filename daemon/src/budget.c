@@ -61,3 +61,36 @@ bool cap__budget_shares(const uint64_t *req, const uint64_t *floor_,
   free(pinned);
   return true;
 }
+
+/* Two honest reports of one device agree within a quarter: the same card
+ * reports the same total, and a MIG slice or a driver's reserve differs by
+ * far less than a lie that matters. */
+static bool near(uint64_t a, uint64_t b) {
+  uint64_t lo = a < b ? a : b, hi = a < b ? b : a;
+  return (unsigned __int128)hi * 4 <= (unsigned __int128)lo * 5;
+}
+
+uint64_t cap__budget_capacity(const uint64_t *claim, uint32_t n,
+                              bool *ignored) {
+  uint32_t best = UINT32_MAX, best_support = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!claim[i])
+      continue;
+    uint32_t support = 0;
+    for (uint32_t j = 0; j < n; j++)
+      support += claim[j] && near(claim[i], claim[j]);
+    if (support > best_support) { /* ties: the older session's */
+      best = i;
+      best_support = support;
+    }
+  }
+  uint64_t capacity = 0;
+  for (uint32_t j = 0; j < n; j++) {
+    bool agrees = best != UINT32_MAX && claim[j] && near(claim[best], claim[j]);
+    if (ignored)
+      ignored[j] = claim[j] && !agrees;
+    if (agrees && claim[j] > capacity)
+      capacity = claim[j];
+  }
+  return capacity;
+}

@@ -45,6 +45,15 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   cfg->max_ops_per_iteration = 1u << 20;
   cfg->max_tensors = 1u << 20;
   cfg->max_pending_write_bytes = 16u << 20;
+  /* Real models name a few dozen distinct ops (the traces in tests/data:
+   * 25-41); 16384 names of 64 bytes on average is ample. */
+  cfg->max_op_names = 16384;
+  cfg->max_op_name_bytes = 1u << 20;
+  /* A client sends Hello as it connects, and every frame in one write. */
+  cfg->handshake_timeout_ms = 10000;
+  cfg->idle_timeout_ms = 60000;
+  cfg->max_queued_store_rows = 1024;
+  cfg->db_mode = 0600;
   cfg->bw_tolerance = 0.2;
   snprintf(cfg->planner, sizeof cfg->planner, "capuchin");
   /* Measured on the sim backend at 50 % (resnet50, bert_large): 4 % left
@@ -140,8 +149,31 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
                     err_len);
   }
   if (strcmp(key, "gpu-memory") == 0) {
+    /* BYTES for every device, or INDEX:BYTES for one. */
+    const char *colon = strchr(value, ':');
+    uint64_t dev = UINT64_MAX;
+    if (colon) {
+      char idx[16];
+      size_t n = (size_t)(colon - value);
+      if (n == 0 || n >= sizeof idx) {
+        snprintf(err, err_len, "gpu-memory: '%s' is not BYTES or INDEX:BYTES",
+                 value);
+        return CAP_EINVAL;
+      }
+      memcpy(idx, value, n);
+      idx[n] = 0;
+      if (parse_u64(idx, CAP_DAEMON_MAX_DEVICES - 1, &dev) != 0) {
+        snprintf(err, err_len, "gpu-memory: device index '%s' is not in 0..%d",
+                 idx, CAP_DAEMON_MAX_DEVICES - 1);
+        return CAP_ERANGE;
+      }
+      value = colon + 1;
+    }
     BYTES();
-    cfg->gpu_memory_bytes = u;
+    if (dev == UINT64_MAX)
+      cfg->gpu_memory_bytes = u;
+    else
+      cfg->gpu_memory_dev[dev] = u;
     return 0;
   }
   if (strcmp(key, "allow-uid") == 0 || strcmp(key, "allow-gid") == 0) {
@@ -206,6 +238,49 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
   if (strcmp(key, "max-pending-write-bytes") == 0) {
     BYTES();
     cfg->max_pending_write_bytes = (size_t)u;
+    return 0;
+  }
+  if (strcmp(key, "max-op-names") == 0) {
+    NUM(UINT32_MAX >> 1);
+    cfg->max_op_names = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "max-op-name-bytes") == 0) {
+    BYTES();
+    cfg->max_op_name_bytes = u;
+    return 0;
+  }
+  if (strcmp(key, "handshake-timeout-ms") == 0 ||
+      strcmp(key, "idle-timeout-ms") == 0) {
+    NUM(86400000);
+    if (u < 10) {
+      snprintf(err, err_len, "%s: must be at least 10 ms", key);
+      return CAP_ERANGE;
+    }
+    if (key[0] == 'h')
+      cfg->handshake_timeout_ms = (uint32_t)u;
+    else
+      cfg->idle_timeout_ms = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "max-queued-store-rows") == 0) {
+    NUM(1u << 24);
+    if (u == 0) {
+      snprintf(err, err_len, "max-queued-store-rows: must be at least 1");
+      return CAP_ERANGE;
+    }
+    cfg->max_queued_store_rows = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "db-mode") == 0) {
+    char *end;
+    errno = 0;
+    unsigned long m = strtoul(value, &end, 8);
+    if (errno || end == value || *end || (m != 0600 && m != 0640 && m != 0660)) {
+      snprintf(err, err_len, "db-mode: '%s' is not 0600, 0640 or 0660", value);
+      return CAP_EINVAL;
+    }
+    cfg->db_mode = (uint32_t)m;
     return 0;
   }
   if (strcmp(key, "bandwidth-tolerance") == 0) {

@@ -51,6 +51,15 @@ int cap__notify(const char *state);
  * Returns true when the requests were cut. */
 bool cap__budget_shares(const uint64_t *req, const uint64_t *floor_,
                         uint32_t n, uint64_t capacity, uint64_t *out);
+/* A device's capacity when the operator did not set it (gpu-memory): from
+ * the totals its n sessions report (claim[i], 0 = none), oldest session
+ * first. The claim most others agree with (within 25 %; ties: the older
+ * session's) wins, and the capacity is the largest claim agreeing with it:
+ * never a minimum (or a maximum) one client can set alone. Claims that
+ * disagree are marked in ignored[i] (may be NULL). Returns 0 with no
+ * claim. */
+uint64_t cap__budget_capacity(const uint64_t *claim, uint32_t n,
+                              bool *ignored);
 
 /* --- Tracker (tracker.c) ----------------------------------------------------
  * Records of the iteration in progress, checked as they arrive (dense ids,
@@ -67,6 +76,8 @@ typedef struct cap__tracker_limits {
   uint64_t max_accesses;
   uint32_t max_ops;
   uint32_t max_tensors;
+  uint32_t max_names;      /* distinct op names of one iteration */
+  uint64_t max_name_bytes; /* their bytes, NULs included */
 } cap__tracker_limits_t;
 
 /* Everything a profile is built from; owned arrays, movable to a task. */
@@ -101,6 +112,7 @@ typedef struct cap__tracker {
   /* Name interning: open addressing over rec.names. */
   uint32_t *name_slots; /* index + 1, 0 empty */
   uint32_t n_slots;
+  uint64_t name_bytes; /* of rec.names, counted against max_name_bytes */
 } cap__tracker_t;
 
 void cap__tracker_init(cap__tracker_t *t, const cap__tracker_limits_t *lim);
@@ -130,6 +142,7 @@ int cap__iter_records_build(cap__iter_records_t *r, const char *const *meta,
 
 /* --- Daemon context and sessions ------------------------------------------ */
 typedef struct cap__session cap__session_t;
+typedef struct cap__store_item cap__store_item_t;
 
 /* How a session talks to its peer. The session never frees its transport:
  * close() asks the transport to close (after flushing what was sent), and
@@ -157,6 +170,8 @@ struct cap_daemon {
   bool signals;
   uv_timer_t probe;
   bool probing;
+  uv_timer_t sweep; /* cap__daemon_sweep */
+  bool sweeping;
   uint64_t probe_last_ns;
   uv_prepare_t turn;     /* resumes connections throttled last turn */
   bool turn_init;
@@ -166,8 +181,12 @@ struct cap_daemon {
   uv_async_t stop_async;
   bool stop_async_init;
   bool stopping;
+  cap__store_item_t *sq_head, *sq_tail; /* store_queue.c */
+  bool store_writing;                   /* a writer task is in the pool */
   cap__session_t *sessions; /* doubly linked, all not yet freed */
   uint32_t n_live;          /* sessions whose transport is open */
+  int fd_limit;             /* RLIMIT_NOFILE (soft) at start, raised to the
+                               hard limit where allowed */
   uint64_t next_local_id;
   cap_daemon_stats_t stats;
 };
@@ -185,6 +204,7 @@ typedef enum {
   CAP__W_MEASURED,
   CAP__W_REPLAN,
   CAP__W_REFINE,
+  CAP__W_PROBE, /* does any plan fit? (an iteration that did not fit) */
 } cap__work_kind_t;
 
 #define CAP__PLAN_HISTORY 8
@@ -201,6 +221,8 @@ struct cap__session {
   cap_frame_decoder_t *dec;
   bool draining; /* inside the feed/drain loop (no re-entry) */
   bool paused;
+  uint64_t accepted_ms; /* loop time (uv_now) of the connection */
+  uint64_t last_rx_ms;  /* of the last bytes, or of the end of a pause */
 
   /* From Hello. */
   char job_name[256];
@@ -208,6 +230,7 @@ struct cap__session {
   uint32_t device_index;
   char device_name[256];
   uint64_t device_total_bytes;
+  bool claim_ignored; /* device_total_bytes disagrees (logged once) */
   uint64_t requested_budget;
   uint64_t granted_budget;
   uint64_t hello_persistent;
@@ -237,10 +260,13 @@ struct cap__session {
   cap__work_kind_t busy;
   bool want_replan;
   bool measuring_done; /* a measured iteration went to planning */
+  uint64_t probed_budget; /* budget a probe ran for (cap__work_probe) */
   cap_feedback_t *pending_fb;
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
   uint32_t refs; /* tasks holding the session */
+  uint32_t store_queued; /* iteration rows queued or being written */
+  bool store_blocked;    /* input paused until the store catches up */
   bool ended;    /* job end recorded */
 
   /* Feedback as an experiment: the plan the one in force was refined
@@ -272,6 +298,12 @@ void cap__session_kick(cap__session_t *s);
 void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
                                int64_t plan_id);
 void cap__session_unref(cap__session_t *s);
+/* Close sessions past their deadlines: no Hello handshake_timeout_ms after
+ * accept, or a frame begun and not finished for idle_timeout_ms while
+ * input was read (a session between frames is never idle: a job between
+ * iterations sends nothing and needs no keep-alive). Loop thread; from a
+ * timer (server.c). */
+void cap__daemon_sweep(cap_daemon_t *d);
 /* Recompute budget shares of the device s is on; push changes. */
 void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *s);
 
@@ -287,15 +319,28 @@ void cap__work_hello(cap__session_t *s);
 void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
                         int64_t iter_ns, uint64_t peak_bytes);
 void cap__work_replan(cap__session_t *s);
+/* Records of a measured iteration some ops of which did not fit the budget:
+ * build the profile and plan for the budget only to tell the client, when
+ * none fits, the smallest budget that does (nothing is stored or pushed
+ * otherwise). Takes rec. */
+void cap__work_probe(cap__session_t *s, cap__iter_records_t *rec);
 void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
 /* Store `plan` (taken) as the session's next version and push it. */
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan);
-/* Fire-and-forget store writes (do not hold the session). */
-void cap__work_store_iteration(cap_daemon_t *d,
+/* --- Store writes nobody waits for (store_queue.c) ------------------------ */
+/* Queue s's iteration row; holds s until it is written, and pauses s's
+ * input while max_queued_store_rows of its rows wait. */
+void cap__work_store_iteration(cap__session_t *s,
                                const cap_store_iteration_t *it);
 void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes);
 void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
                          const char *status);
+/* Give the store's cached pages and free heap back to the system, after
+ * what is queued (a session closed: what it made the cache hold is not
+ * needed by the others). */
+void cap__work_store_trim(cap_daemon_t *d);
+/* Drop what is still queued (the loop no longer runs). */
+void cap__store_queue_drop(cap_daemon_t *d);
 
 uint64_t cap__now_ns(void);
 

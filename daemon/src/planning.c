@@ -324,6 +324,29 @@ static void work_cb(uv_work_t *req) {
     t->reused = true;
     return;
   }
+  case CAP__W_PROBE: {
+    const char *meta[] = {"source", "capuchind", NULL};
+    cap_profile_t *p = NULL;
+    rc = cap__iter_records_build(&t->rec, meta, &p, t->err, sizeof t->err);
+    cap__iter_records_free(&t->rec);
+    if (rc) {
+      /* Records a profile cannot be built from: nothing to tell. */
+      cap__log(CAP_LOG_INFO, "probe: %s", t->err);
+      t->err[0] = 0;
+      return;
+    }
+    cap_plan_t *plan = NULL;
+    uint64_t t0 = cap__now_ns();
+    rc = plan_with_fallback(t, p, t->budget, &plan, &t->evicts_persistent);
+    t->plan_us = (cap__now_ns() - t0) / 1000;
+    if (rc == CAP_EINFEASIBLE) {
+      t->infeasible = true;
+      t->best_peak = plan ? plan->predicted_peak_bytes : 0;
+    }
+    cap_plan_destroy(plan);
+    cap_profile_destroy(p);
+    return;
+  }
   case CAP__W_MEASURED: {
     char iter_ns[32], peak[32];
     snprintf(iter_ns, sizeof iter_ns, "%" PRId64, t->iter_ns);
@@ -435,6 +458,21 @@ static void work_cb(uv_work_t *req) {
 }
 
 static void finish_plan(cap__session_t *s, task_t *t) {
+  if (t->plan && t->plan->budget_bytes != s->granted_budget) {
+    /* The budget changed while this plan was made (a job came or went):
+     * every plan a session gets fits the budget it has now, so this one is
+     * dropped and the replan below makes the one that does. It is stored,
+     * which is harmless: it is a valid plan for its own budget. */
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": plan for budget %" PRIu64
+             " not pushed: the budget is now %" PRIu64,
+             s->local_id, t->plan->budget_bytes, s->granted_budget);
+    cap_plan_destroy(t->plan);
+    t->plan = NULL;
+    if (s->profile)
+      s->want_replan = true;
+    return;
+  }
   if (t->plan) {
     if (t->reused)
       s->d->stats.plans_reused++;
@@ -480,14 +518,26 @@ static void finish_plan(cap__session_t *s, task_t *t) {
   } else if (t->infeasible) {
     cap__log(CAP_LOG_WARN,
              "session %" PRIu64 " (job '%s'): no plan fits budget %" PRIu64
-             " (smallest peak %" PRIu64 "); the client stays in passive mode",
+             " (smallest feasible budget %" PRIu64 "); the client stays in "
+             "passive mode",
              s->local_id, s->job_name, t->budget, t->best_peak);
     Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
     bu.has_budget_bytes = 1;
     bu.budget_bytes = t->budget;
-    char reason[128];
-    snprintf(reason, sizeof reason, "no plan fits; smallest peak %" PRIu64,
-             t->best_peak);
+    char reason[192];
+    if (t->best_peak) {
+      /* The number the user needs: what to ask for instead (issue 10). */
+      bu.has_min_budget_bytes = 1;
+      bu.min_budget_bytes = t->best_peak;
+      snprintf(reason, sizeof reason,
+               "no plan fits budget %" PRIu64 " bytes (%.1f MiB); the smallest "
+               "feasible budget is %" PRIu64 " bytes (%.1f MiB)",
+               t->budget, (double)t->budget / 1048576.0, t->best_peak,
+               (double)t->best_peak / 1048576.0);
+    } else {
+      snprintf(reason, sizeof reason, "no plan fits budget %" PRIu64 " bytes",
+               t->budget);
+    }
     bu.reason = reason;
     Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
     cap_proto_envelope_set(&env, &bu);
@@ -554,6 +604,14 @@ static void after_cb(uv_work_t *req, int status) {
     goto out;
   if (t->rc) {
     cap__session_fail(s, t->rc, "%s", t->err);
+    goto out;
+  }
+  if (t->kind == CAP__W_PROBE && !t->infeasible) {
+    cap__log(CAP_LOG_INFO,
+             "session %" PRIu64 ": some ops of the measured iteration did not "
+             "fit budget %" PRIu64 ", but a plan does (%" PRIu64 " us): "
+             "waiting for a complete measured iteration",
+             s->local_id, t->budget, t->plan_us);
     goto out;
   }
   if (t->kind == CAP__W_MEASURED) {
@@ -629,6 +687,18 @@ void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
   submit(s, t);
 }
 
+void cap__work_probe(cap__session_t *s, cap__iter_records_t *rec) {
+  task_t *t = task_new(s, CAP__W_PROBE);
+  if (!t) {
+    cap__iter_records_free(rec);
+    return; /* only a courtesy: the session goes on */
+  }
+  t->rec = *rec;
+  memset(rec, 0, sizeof *rec);
+  s->probed_budget = s->granted_budget;
+  submit(s, t);
+}
+
 void cap__work_replan(cap__session_t *s) {
   task_t *t = task_new(s, CAP__W_REPLAN);
   if (!t) {
@@ -662,90 +732,4 @@ void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
 
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan) {
   submit_refine(s, plan, NULL, 0, true);
-}
-
-/* --- Fire-and-forget store writes ------------------------------------------- */
-
-typedef struct store_task {
-  uv_work_t req;
-  cap_store_t *store;
-  int kind; /* 0 iteration, 1 budget, 2 end */
-  cap_store_iteration_t it;
-  int64_t job_id, session_id;
-  uint64_t bytes;
-  char status[160];
-} store_task_t;
-
-static void store_work(uv_work_t *req) {
-  store_task_t *t = req->data;
-  int rc = 0;
-  const char *what = "";
-  switch (t->kind) {
-  case 0:
-    what = "storing an iteration";
-    rc = cap_store_iteration_put(t->store, &t->it, NULL);
-    break;
-  case 1:
-    what = "storing a budget";
-    rc = cap_store_job_set_budget(t->store, t->job_id, t->bytes);
-    break;
-  case 2:
-    what = "recording a job's end";
-    if (t->session_id)
-      rc = cap_store_session_end(t->store, t->session_id, t->status);
-    if (rc == 0)
-      rc = cap_store_job_end(t->store, t->job_id, t->status);
-    break;
-  }
-  if (rc)
-    cap__log(CAP_LOG_ERROR, "store: %s: %s", what, cap_store_last_error());
-}
-
-static void store_after(uv_work_t *req, int status) { free(req->data); }
-
-static void store_submit(cap_daemon_t *d, store_task_t *t) {
-  t->req.data = t;
-  t->store = d->store;
-  if (uv_queue_work(d->loop, &t->req, store_work, store_after) != 0) {
-    cap__log(CAP_LOG_ERROR, "store: cannot queue a write");
-    free(t);
-  }
-}
-
-void cap__work_store_iteration(cap_daemon_t *d,
-                               const cap_store_iteration_t *it) {
-  if (!it->job_id)
-    return;
-  store_task_t *t = calloc(1, sizeof *t);
-  if (!t)
-    return;
-  t->kind = 0;
-  t->it = *it;
-  store_submit(d, t);
-}
-
-void cap__work_store_budget(cap_daemon_t *d, int64_t job_id, uint64_t bytes) {
-  if (!job_id)
-    return;
-  store_task_t *t = calloc(1, sizeof *t);
-  if (!t)
-    return;
-  t->kind = 1;
-  t->job_id = job_id;
-  t->bytes = bytes;
-  store_submit(d, t);
-}
-
-void cap__work_store_end(cap_daemon_t *d, int64_t job_id, int64_t session_id,
-                         const char *status) {
-  if (!job_id)
-    return;
-  store_task_t *t = calloc(1, sizeof *t);
-  if (!t)
-    return;
-  t->kind = 2;
-  t->job_id = job_id;
-  t->session_id = session_id;
-  snprintf(t->status, sizeof t->status, "%s", status ? status : "ok");
-  store_submit(d, t);
 }

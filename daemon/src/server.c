@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -250,6 +251,14 @@ static void refuse(conn_t *c, int code, const char *msg) {
   io_close(c);
 }
 
+/* Descriptors kept free below the fd limit for the store (database, -wal,
+ * -shm, a journal), the log being reopened and libuv: past it new
+ * connections are refused with an Error. At the limit itself accept()
+ * fails, and libuv then accepts and closes the connection with its spare
+ * descriptor, unseen by us: the client would get a bare EOF and the log
+ * nothing. */
+#define FD_RESERVE 16
+
 static void on_connection(uv_stream_t *server, int status) {
   cap_daemon_t *d = server->data;
   if (status < 0) {
@@ -289,6 +298,18 @@ static void on_connection(uv_stream_t *server, int status) {
     refuse(c, CAP_EPERM, msg);
     return;
   }
+  if (d->fd_limit > 0 && (int)fd >= d->fd_limit - FD_RESERVE) {
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "too many open files (descriptor %d of a limit of %d; raise "
+             "LimitNOFILE / ulimit -n, or lower max-sessions)",
+             (int)fd, d->fd_limit);
+    cap__log(CAP_LOG_WARN, "connection from pid %d uid %u refused: %s",
+             (int)cred.pid, (unsigned)cred.uid, msg);
+    d->stats.sessions_refused++;
+    refuse(c, CAP_EQUOTA, msg);
+    return;
+  }
   if (d->n_live >= d->cfg.max_sessions || d->stopping) {
     char msg[128];
     snprintf(msg, sizeof msg, "%s (max-sessions %" PRIu32 ")",
@@ -319,17 +340,26 @@ int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,
                           size_t err_len) {
   d->loop = loop;
   d->cfg = *cfg;
-  int rc = cap_store_open(cfg->db_path, CAP_STORE_CREATE, &d->store);
+  struct stat st;
+  bool was_open_to_all = stat(cfg->db_path, &st) == 0 && (st.st_mode & 0007);
+  int rc = cap_store_open_mode(cfg->db_path, CAP_STORE_CREATE, cfg->db_mode,
+                               &d->store);
   if (rc != 0) {
     snprintf(err, err_len, "%s", cap_store_last_error());
     if (!err[0])
       snprintf(err, err_len, "%s: %s", cfg->db_path, cap_strerror(rc));
     return rc;
   }
+  if (was_open_to_all)
+    cap__log(CAP_LOG_WARN,
+             "%s was readable by every local user (mode %04o); other users' "
+             "access removed",
+             cfg->db_path, (unsigned)(st.st_mode & 0777));
   return 0;
 }
 
 void cap__daemon_close_core(cap_daemon_t *d) {
+  cap__store_queue_drop(d);
   cap_store_close(d->store);
   d->store = NULL;
 }
@@ -372,6 +402,10 @@ static void begin_stop(cap_daemon_t *d) {
     uv_close((uv_handle_t *)&d->probe, close_cb_noop);
     d->probing = false;
   }
+  if (d->sweeping) {
+    uv_close((uv_handle_t *)&d->sweep, close_cb_noop);
+    d->sweeping = false;
+  }
   if (d->turn_init) {
     uv_close((uv_handle_t *)&d->turn, close_cb_noop);
     d->turn_init = false;
@@ -402,6 +436,9 @@ static void reload(cap_daemon_t *d) {
       cap_daemon_config_init(&base);
       if (c->gpu_memory_bytes)
         n.gpu_memory_bytes = c->gpu_memory_bytes;
+      for (int i = 0; i < CAP_DAEMON_MAX_DEVICES; i++)
+        if (c->gpu_memory_dev[i])
+          n.gpu_memory_dev[i] = c->gpu_memory_dev[i];
       for (uint32_t i = 0; i < c->n_allow_uids; i++) {
         char v[16];
         snprintf(v, sizeof v, "%u", c->allow_uids[i]);
@@ -424,8 +461,12 @@ static void reload(cap_daemon_t *d) {
         strcmp(d->cmdline.socket_path, d->cfg.socket_path) != 0)
       cap__log(CAP_LOG_WARN, "SIGHUP: socket and db changes need a restart");
     /* What can change at run time. */
-    bool budget_changed = n.gpu_memory_bytes != d->cfg.gpu_memory_bytes;
+    bool budget_changed =
+        n.gpu_memory_bytes != d->cfg.gpu_memory_bytes ||
+        memcmp(n.gpu_memory_dev, d->cfg.gpu_memory_dev,
+               sizeof n.gpu_memory_dev) != 0;
     d->cfg.gpu_memory_bytes = n.gpu_memory_bytes;
+    memcpy(d->cfg.gpu_memory_dev, n.gpu_memory_dev, sizeof n.gpu_memory_dev);
     memcpy(d->cfg.allow_uids, n.allow_uids, sizeof n.allow_uids);
     d->cfg.n_allow_uids = n.n_allow_uids;
     memcpy(d->cfg.allow_gids, n.allow_gids, sizeof n.allow_gids);
@@ -467,6 +508,8 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 static void on_stop_async(uv_async_t *h) { begin_stop(h->data); }
+
+static void on_sweep(uv_timer_t *t) { cap__daemon_sweep(t->data); }
 
 static void on_probe(uv_timer_t *t) {
   cap_daemon_t *d = t->data;
@@ -587,6 +630,20 @@ int cap_daemon_create(const cap_daemon_config_t *cfg,
     return CAP_ENOMEM;
   }
   d->own_loop = true;
+  {
+    /* Every session is a descriptor: take what the hard limit allows, and
+     * know the limit so that connections past it are refused in words. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+      if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = rl;
+        want.rlim_cur = rl.rlim_max > 1048576 ? 1048576 : rl.rlim_max;
+        if (want.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0)
+          rl = want;
+      }
+      d->fd_limit = rl.rlim_cur > INT_MAX ? INT_MAX : (int)rl.rlim_cur;
+    }
+  }
   if (cmdline) {
     d->cmdline = *cmdline;
     d->have_cmdline = true;
@@ -681,10 +738,28 @@ int cap_daemon_run(cap_daemon_t *d, int handle_signals) {
                    d->cfg.stall_probe_ms);
     d->probing = true;
   }
+  {
+    /* A quarter of the shorter deadline: a session is closed at most 25 %
+     * late, and an idle daemon wakes at most once a second for it. */
+    uint32_t ms = d->cfg.handshake_timeout_ms < d->cfg.idle_timeout_ms
+                      ? d->cfg.handshake_timeout_ms
+                      : d->cfg.idle_timeout_ms;
+    ms /= 4;
+    if (ms < 5)
+      ms = 5;
+    if (ms > 1000)
+      ms = 1000;
+    uv_timer_init(d->loop, &d->sweep);
+    d->sweep.data = d;
+    uv_timer_start(&d->sweep, on_sweep, ms, ms);
+    uv_unref((uv_handle_t *)&d->sweep); /* the sessions keep the loop alive */
+    d->sweeping = true;
+  }
   cap__log(CAP_LOG_INFO,
            "listening on %s (mode 0660), database %s, max %" PRIu32
-           " sessions%s",
+           " sessions, fd limit %d%s",
            d->cfg.socket_path, d->cfg.db_path, d->cfg.max_sessions,
+           d->fd_limit,
            d->cfg.gpu_memory_bytes ? ", gpu-memory set" : "");
   char ready[128];
   snprintf(ready, sizeof ready, "READY=1\nSTATUS=listening\nMAINPID=%ld",

@@ -11,6 +11,9 @@
  * one of its own callbacks.
  */
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +51,8 @@ cap__session_t *cap__session_create(cap_daemon_t *d,
       .max_accesses = d->cfg.max_accesses_per_iteration,
       .max_ops = d->cfg.max_ops_per_iteration,
       .max_tensors = d->cfg.max_tensors,
+      .max_names = d->cfg.max_op_names,
+      .max_name_bytes = d->cfg.max_op_name_bytes,
   };
   cap__tracker_init(&s->tracker, &tl);
   s->d = d;
@@ -58,6 +63,7 @@ cap__session_t *cap__session_create(cap_daemon_t *d,
   s->uid = uid;
   s->gid = gid;
   s->state = CAP__S_HELLO;
+  s->accepted_ms = s->last_rx_ms = uv_now(d->loop);
   s->refs = 1; /* the transport */
   s->next = d->sessions;
   if (d->sessions)
@@ -82,6 +88,15 @@ static void session_free(cap__session_t *s) {
   cap_plan_destroy(s->plan_before);
   free(s->pending_fb);
   free(s);
+  if (d->store)
+    cap__work_store_trim(d);
+#ifdef __GLIBC__
+  /* glibc keeps freed heap (a session's names, records, decoder buffers:
+   * up to tens of MB) mapped; give it back, so that a client that came and
+   * went leaves the daemon's RSS where it was. Sessions end rarely, and the
+   * trim walks the arenas once. */
+  malloc_trim(0);
+#endif
 }
 
 void cap__session_unref(cap__session_t *s) {
@@ -227,7 +242,8 @@ void cap__session_kick(cap__session_t *s) {
       s->want_replan = false;
       cap__work_replan(s);
     } else if (s->n_pending_fb && s->plan &&
-               s->pending_fb_version == s->plan->version && may_refine(s)) {
+               s->pending_fb_version == s->plan->version && may_refine(s) &&
+               s->plan->budget_bytes == s->granted_budget) {
       cap_feedback_t *fb = s->pending_fb;
       uint32_t n = s->n_pending_fb;
       s->pending_fb = NULL;
@@ -366,7 +382,7 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     if (!it.plan_id)
       it.plan_version = 0; /* a version this session never sent */
   }
-  cap__work_store_iteration(s->d, &it);
+  cap__work_store_iteration(s, &it);
   if (!e->measured && it.plan_version && s->plan &&
       e->plan_version == s->plan->version)
     judge_refinement(s, e->iter_ns);
@@ -375,8 +391,21 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
   if (e->measured && !usable) {
     cap__log(CAP_LOG_INFO,
              "%s: iteration %" PRIu64 " incomplete (%" PRIu64
-             " records dropped, %" PRIu32 " ops): not used for planning",
-             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops);
+             " records dropped, %" PRIu32 " ops%s): not used for planning",
+             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops,
+             e->has_ops_over_budget && e->ops_over_budget
+                 ? ", some over the budget"
+                 : "");
+    /* Every op was reported, some of them not run for lack of memory: the
+     * op sequence is whole, so the planner can tell whether any plan fits
+     * this budget, and if none does the client hears which one would
+     * (once per budget). */
+    if (e->has_ops_over_budget && e->ops_over_budget && dropped == 0 &&
+        rec.n_ops && !s->profile && !s->measuring_done &&
+        s->busy == CAP__W_NONE && s->probed_budget != s->granted_budget) {
+      cap__work_probe(s, &rec);
+      return; /* rec moved */
+    }
   } else if (usable && !s->profile && !s->measuring_done &&
              s->busy == CAP__W_NONE) {
     cap__log(CAP_LOG_INFO,
@@ -403,6 +432,18 @@ static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
   }
   if (f->n_stalls == 0)
     return;
+  if (s->plan->budget_bytes != s->granted_budget) {
+    /* The budget was cut (or given back) since this plan: refining it would
+     * push a plan for a budget the job no longer has. The plan for the new
+     * budget (or the news that none fits) is what the job gets. */
+    cap__log(CAP_LOG_DEBUG,
+             "session %" PRIu64 ": feedback for plan v%" PRIu32
+             " not used (it was for budget %" PRIu64 ", the budget is %" PRIu64
+             ")",
+             s->local_id, f->plan_version, s->plan->budget_bytes,
+             s->granted_budget);
+    return;
+  }
   if (!may_refine(s)) {
     cap__log(CAP_LOG_DEBUG,
              "session %" PRIu64 ": feedback for plan v%" PRIu32
@@ -520,7 +561,8 @@ static void drain(cap__session_t *s) {
   if (s->draining)
     return;
   s->draining = true;
-  while (s->state == CAP__S_HELLO || s->state == CAP__S_ACTIVE) {
+  while ((s->state == CAP__S_HELLO || s->state == CAP__S_ACTIVE) &&
+         !s->store_blocked) {
     Capuchin__Envelope *env = NULL;
     char err[512] = "";
     int rc = cap_frame_decoder_next(s->dec, &env, err, sizeof err);
@@ -536,16 +578,43 @@ static void drain(cap__session_t *s) {
     cap_frame_decoder_release(s->dec, env);
   }
   s->draining = false;
-  /* While the Hello is registered, hold the socket so that buffered input
-   * stays bounded; resume when the Welcome is out. */
+  /* While the Hello is registered, or the session's rows wait for the
+   * store (store_queue.c), hold the socket so that buffered input stays
+   * bounded; resume when the Welcome is out or the rows are written. */
   if (s->io_ctx) {
-    bool want_pause = s->state == CAP__S_WELCOMING;
+    bool want_pause = s->state == CAP__S_WELCOMING ||
+                      (s->state == CAP__S_ACTIVE && s->store_blocked);
     if (want_pause && !s->paused && s->io->pause) {
       s->io->pause(s->io_ctx);
       s->paused = true;
     } else if (!want_pause && s->paused && s->io->resume) {
       s->io->resume(s->io_ctx);
       s->paused = false;
+      /* The wait was ours, not the peer's: its idle clock starts now. */
+      s->last_rx_ms = uv_now(s->d->loop);
+    }
+  }
+}
+
+void cap__daemon_sweep(cap_daemon_t *d) {
+  uint64_t now = uv_now(d->loop);
+  cap__session_t *next;
+  for (cap__session_t *s = d->sessions; s; s = next) {
+    next = s->next; /* a failed session stays listed until its close */
+    if (s->state == CAP__S_HELLO &&
+        now - s->accepted_ms >= d->cfg.handshake_timeout_ms) {
+      cap__session_fail(s, CAP_ETIMEDOUT,
+                        "no hello within %" PRIu32 " ms of connecting "
+                        "(handshake-timeout-ms)",
+                        d->cfg.handshake_timeout_ms);
+    } else if (s->state == CAP__S_ACTIVE && !s->paused && !s->store_blocked &&
+               cap_frame_decoder_buffered(s->dec) > 0 &&
+               now - s->last_rx_ms >= d->cfg.idle_timeout_ms) {
+      cap__session_fail(s, CAP_ETIMEDOUT,
+                        "a frame begun %" PRIu64 " ms ago is still incomplete "
+                        "(%zu bytes buffered; idle-timeout-ms %" PRIu32 ")",
+                        now - s->last_rx_ms, cap_frame_decoder_buffered(s->dec),
+                        d->cfg.idle_timeout_ms);
     }
   }
 }
@@ -553,6 +622,7 @@ static void drain(cap__session_t *s) {
 void cap__session_feed(cap__session_t *s, const void *data, size_t len) {
   if (s->state == CAP__S_CLOSING)
     return;
+  s->last_rx_ms = uv_now(s->d->loop);
   int rc = cap_frame_decoder_feed(s->dec, data, len);
   if (rc != 0) {
     if (rc == CAP_E2BIG)
@@ -585,23 +655,45 @@ void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *who_) {
     return;
   cap__session_t **list = malloc(n * sizeof *list);
   uint64_t *req = malloc(n * sizeof *req), *fl = malloc(n * sizeof *fl),
-           *out = malloc(n * sizeof *out);
-  if (!list || !req || !fl || !out)
+           *out = malloc(n * sizeof *out), *claim = malloc(n * sizeof *claim);
+  bool *ignored = malloc(n * sizeof *ignored);
+  if (!list || !req || !fl || !out || !claim || !ignored)
     goto out_free;
-  uint32_t i = 0;
-  uint64_t capacity = d->cfg.gpu_memory_bytes;
-  bool from_hello = capacity == 0;
-  for (cap__session_t *s = d->sessions; s; s = s->next) {
-    if (!((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
-          same_device(s, who_)))
-      continue;
-    list[i] = s;
+  /* Oldest session first (the list is newest first): on a tie between
+   * claims, the job that was there first is believed. */
+  uint32_t i = n;
+  for (cap__session_t *s = d->sessions; s; s = s->next)
+    if ((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
+        same_device(s, who_))
+      list[--i] = s;
+  for (i = 0; i < n; i++) {
+    cap__session_t *s = list[i];
     req[i] = s->requested_budget;
     fl[i] = s->profile ? s->profile->persistent_bytes : s->hello_persistent;
-    if (from_hello && s->device_total_bytes &&
-        (capacity == 0 || s->device_total_bytes < capacity))
-      capacity = s->device_total_bytes;
-    i++;
+    claim[i] = s->device_total_bytes;
+  }
+  /* The operator's word first; else what the clients agree on, so that no
+   * one client can shrink (or inflate) a device the others share. */
+  uint64_t capacity = who_->device_index < CAP_DAEMON_MAX_DEVICES
+                          ? d->cfg.gpu_memory_dev[who_->device_index]
+                          : 0;
+  if (!capacity)
+    capacity = d->cfg.gpu_memory_bytes;
+  if (!capacity) {
+    capacity = cap__budget_capacity(claim, n, ignored);
+    for (i = 0; i < n; i++) {
+      cap__session_t *s = list[i];
+      if (ignored[i] && !s->claim_ignored) {
+        char w[320];
+        cap__log(CAP_LOG_WARN,
+                 "%s: claims device %" PRIu32 " '%s' has %" PRIu64
+                 " bytes, far from what the other jobs on it report (%" PRIu64
+                 "); claim ignored (set gpu-memory to decide)",
+                 who(s, w, sizeof w), s->device_index, s->device_name,
+                 s->device_total_bytes, capacity);
+      }
+      s->claim_ignored = ignored[i];
+    }
   }
   if (capacity == 0)
     capacity = UINT64_MAX;
@@ -641,4 +733,6 @@ out_free:
   free(req);
   free(fl);
   free(out);
+  free(claim);
+  free(ignored);
 }

@@ -5,10 +5,12 @@
  * busy_timeout) before any row is written rather than at COMMIT.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -368,6 +370,39 @@ static bool has_tables(sqlite3 *db) {
   return any;
 }
 
+/* Page-level damage (a torn or overwritten page) leaves the header, and so
+ * user_version, intact; switching to WAL would then rewrite the header of a
+ * damaged file and every later query would fail with "database disk image
+ * is malformed". So the whole file is checked, read-only, before anything
+ * writes to it: O(size), a few ms per MB, once per start. */
+static int quick_check(sqlite3 *db, const char *path) {
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(db, "PRAGMA quick_check(1)", -1, &st, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    const char *r = (const char *)sqlite3_column_text(st, 0);
+    if (r && strcmp(r, "ok") == 0) {
+      sqlite3_finalize(st);
+      return 0;
+    }
+    rc = cap__store_fail(CAP_ECORRUPT,
+                         "%s: the database is damaged (PRAGMA quick_check: "
+                         "%s); left untouched. Restore a backup, or move it "
+                         "aside to start with an empty one",
+                         path, r ? r : "no answer");
+    sqlite3_finalize(st);
+    return rc;
+  }
+  rc = cap__store_fail(CAP_ECORRUPT,
+                       "%s: the database is damaged (PRAGMA quick_check: %s); "
+                       "left untouched. Restore a backup, or move it aside "
+                       "to start with an empty one",
+                       path, sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+  return rc;
+}
+
 /* Open path read-only and read its user_version without writing anything. */
 static int precheck(const char *path, int *version) {
   sqlite3 *db = NULL;
@@ -400,6 +435,8 @@ static int precheck(const char *path, int *version) {
                          "understands (%d); upgrade capuchin. File left "
                          "untouched",
                          path, *version, CAP_STORE_SCHEMA_VERSION);
+  else if (*version > 0)
+    rc = quick_check(db, path);
   sqlite3_close(db);
   return rc;
 }
@@ -433,17 +470,58 @@ fail:;
   return rc;
 }
 
+/* Create the database file with exactly `mode`, whatever the umask: SQLite
+ * would create it 0644 & ~umask, readable by every local user, and gives
+ * its -wal and -shm files the database file's mode. */
+static int create_file(const char *path, unsigned mode) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                (mode_t)mode);
+  if (fd < 0) {
+    if (errno == EEXIST) /* another process made it first: it is checked */
+      return 0;
+    return cap__store_fail(CAP_EIO, "%s: cannot create: %s", path,
+                           strerror(errno));
+  }
+  int rc = 0;
+  if (fchmod(fd, (mode_t)mode) != 0)
+    rc = cap__store_fail(CAP_EIO, "%s: cannot set mode %04o: %s", path, mode,
+                         strerror(errno));
+  close(fd);
+  return rc;
+}
+
+/* A database (and its -wal, -shm) that other users may read was made
+ * before the daemon created files with a mode of its own: take the other
+ * users' bits away (SQLite keeps the database file's mode for the others). */
+static void tighten(const char *path, mode_t mode) {
+  static const char *const sfx[] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    char p[4200];
+    struct stat st;
+    snprintf(p, sizeof p, "%s%s", path, sfx[i]);
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0007))
+      chmod(p, mode);
+  }
+}
+
 int cap_store_open(const char *path, unsigned flags, cap_store_t **out) {
+  return cap_store_open_mode(path, flags, 0600, out);
+}
+
+int cap_store_open_mode(const char *path, unsigned flags, unsigned mode,
+                        cap_store_t **out) {
   int rc;
   int version = 0;
   bool readonly = flags & CAP_STORE_READONLY;
   struct stat sb;
+  bool existed = false;
   cap_store_t *s = NULL;
 
   *out = NULL;
   if (!path || !path[0])
     return cap__store_fail(CAP_EINVAL, "empty database path");
   if (stat(path, &sb) == 0) {
+    existed = true;
     if (!S_ISREG(sb.st_mode))
       return cap__store_fail(CAP_EINVAL, "%s: not a regular file", path);
     rc = precheck(path, &version);
@@ -455,12 +533,22 @@ int cap_store_open(const char *path, unsigned flags, cap_store_t **out) {
     return cap__store_fail(CAP_ENOENT, "%s: no such database", path);
   } else if ((rc = make_parent(path)) != 0) {
     return rc;
+  } else if ((rc = create_file(path, mode)) != 0) {
+    return rc;
   }
+  if (readonly && version == 0)
+    return cap__store_fail(CAP_EVERSION,
+                           "%s: an empty database: no capuchind has written "
+                           "to it yet (capuchind initialises it when it "
+                           "starts with --db %s)",
+                           path, path);
   if (readonly && version < CAP_STORE_SCHEMA_VERSION)
     return cap__store_fail(CAP_EVERSION,
                            "%s: schema version %d is older than this build's "
                            "(%d); start capuchind once to upgrade it",
                            path, version, CAP_STORE_SCHEMA_VERSION);
+  if (!readonly && existed && (sb.st_mode & 0007))
+    tighten(path, sb.st_mode & 0770);
 
   s = calloc(1, sizeof *s);
   if (!s || !(s->path = strdup(path))) {
@@ -523,6 +611,14 @@ void cap_store_close(cap_store_t *s) {
   pthread_mutex_destroy(&s->mu);
   free(s->path);
   free(s);
+}
+
+void cap_store_release_memory(cap_store_t *s) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->mu);
+  sqlite3_db_release_memory(s->db);
+  pthread_mutex_unlock(&s->mu);
 }
 
 sqlite3 *cap_store_db(cap_store_t *s) {
@@ -1357,4 +1453,35 @@ int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
   if (!s || !it)
     return cap__store_fail(CAP_EINVAL, "iteration put: NULL argument");
   LOCKED(s, iteration_put(s, it, iteration_id));
+}
+
+static int iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                          uint32_t n, uint32_t *skipped) {
+  int rc = tx_begin(s);
+  if (rc)
+    return rc;
+  for (uint32_t i = 0; i < n; i++) {
+    rc = iteration_put(s, &its[i], NULL);
+    if (rc == CAP_ERANGE) { /* refused before it reached SQLite */
+      if (skipped)
+        (*skipped)++;
+      continue;
+    }
+    if (rc) {
+      tx_rollback(s);
+      return rc;
+    }
+  }
+  return tx_commit(s);
+}
+
+int cap_store_iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                             uint32_t n, uint32_t *skipped) {
+  if (skipped)
+    *skipped = 0;
+  if (!s || (!its && n))
+    return cap__store_fail(CAP_EINVAL, "iterations put: NULL argument");
+  if (n == 0)
+    return 0;
+  LOCKED(s, iterations_put(s, its, n, skipped));
 }

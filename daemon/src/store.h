@@ -66,6 +66,20 @@ int cap_store_default_path(char *buf, size_t len);
  * failure. */
 int cap_store_open(const char *path, unsigned flags, cap_store_t **out);
 
+/* cap_store_open() that creates a missing database file with permission
+ * bits `mode` exactly, whatever the umask (cap_store_open: 0600); SQLite
+ * gives the -wal and -shm files the same. A read-write open of an existing
+ * file that other users may read removes their bits. Before anything is
+ * written, an existing database is also checked page by page (PRAGMA
+ * quick_check): a damaged one is refused (CAP_ECORRUPT) and left
+ * untouched. */
+int cap_store_open_mode(const char *path, unsigned flags, unsigned mode,
+                        cap_store_t **out);
+
+/* Give back the page cache's unused pages (sqlite3_db_release_memory);
+ * the cache refills as pages are read again. Any thread. */
+void cap_store_release_memory(cap_store_t *s);
+
 /* Close the connection (checkpointing the WAL if it is the last one).
  * NULL is a no-op. No other thread may be inside a call on s. */
 void cap_store_close(cap_store_t *s);
@@ -186,5 +200,11 @@ typedef struct cap_store_iteration {
 
 int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
                             int64_t *iteration_id /* may be NULL */);
+
+/* Store n rows in one transaction (one fsync for all of them). A row whose
+ * values are out of range is skipped and counted in *skipped (may be NULL);
+ * any other failure rolls the whole batch back. */
+int cap_store_iterations_put(cap_store_t *s, const cap_store_iteration_t *its,
+                             uint32_t n, uint32_t *skipped);
 
 #endif /* CAPUCHIN_DAEMON_STORE_H */

@@ -51,6 +51,7 @@ static void reset_iteration(cap__tracker_t *t) {
   for (uint32_t i = 0; i < t->rec.n_names; i++)
     free(t->rec.names[i]);
   t->rec.n_names = 0;
+  t->name_bytes = 0;
   t->rec.n_ops = 0;
   t->rec.n_op_tensors = 0;
   t->rec.n_frees = 0;
@@ -148,8 +149,11 @@ static uint32_t name_hash(const char *s) {
   return h;
 }
 
-/* Index of name in rec.names, adding it when new. */
-static int intern(cap__tracker_t *t, const char *name, uint32_t *out) {
+/* Index of name in rec.names, adding it when new. A new name counts against
+ * the session's name quota: names are the one record whose size the client
+ * chooses, so without it one op could carry megabytes of them. */
+static int intern(cap__tracker_t *t, const char *name, uint32_t *out,
+                  char *err, size_t err_len) {
   if (t->rec.n_names * 2 >= t->n_slots) {
     uint32_t ns = t->n_slots ? t->n_slots * 2 : 256;
     uint32_t *slots = calloc(ns, sizeof *slots);
@@ -174,11 +178,22 @@ static int intern(cap__tracker_t *t, const char *name, uint32_t *out) {
     }
     h = (h + 1) & (t->n_slots - 1);
   }
+  size_t len = strlen(name) + 1;
+  if (t->rec.n_names >= t->lim.max_names ||
+      t->name_bytes + len > t->lim.max_name_bytes) {
+    snprintf(err, err_len,
+             "iteration %" PRIu64 ": more than %" PRIu32
+             " distinct op names or %" PRIu64 " bytes of them (session quota)",
+             t->iteration, t->lim.max_names, t->lim.max_name_bytes);
+    return CAP_EQUOTA;
+  }
   GROW(t->rec.names, t->rec.n_names, t->rec.cap_names, t->rec.n_names + 1,
        char *);
-  char *copy = strdup(name);
+  char *copy = malloc(len);
   if (!copy)
     return CAP_ENOMEM;
+  memcpy(copy, name, len);
+  t->name_bytes += len;
   t->rec.names[t->rec.n_names] = copy;
   t->name_slots[h] = ++t->rec.n_names;
   *out = t->rec.n_names - 1;
@@ -264,7 +279,7 @@ int cap__tracker_op(cap__tracker_t *t, const cap_proto_op_view_t *op,
   int rc = cap__tracker_begin(t, 0, err, err_len);
   if (rc)
     return rc;
-  if ((rc = intern(t, op->name, &name)) != 0)
+  if ((rc = intern(t, op->name, &name, err, err_len)) != 0)
     return rc;
   return add_op(t, op->seq, op->start_ns, op->end_ns, name, op->in, op->n_in,
                 op->out, op->n_out, err, err_len);
@@ -308,7 +323,7 @@ int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
   for (size_t i = 0; i < b->n_ops; i++) {
     const Capuchin__OpRecord *o = b->ops[i];
     uint32_t name;
-    if ((rc = intern(t, o->name, &name)) != 0)
+    if ((rc = intern(t, o->name, &name, err, err_len)) != 0)
       goto out;
     if ((rc = add_op(t, o->seq, o->start_ns, o->end_ns, name, o->inputs,
                      (uint32_t)o->n_inputs, o->outputs, (uint32_t)o->n_outputs,
@@ -316,20 +331,24 @@ int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
       goto out;
   }
   if (b->n_op_seq) {
-    /* Each batch name is interned once, not once per op. */
+    /* Each batch name is interned once, not once per op, and only when an
+     * op uses it: names in the table that no op names cost nothing. */
     name_map = malloc((b->n_names ? b->n_names : 1) * sizeof *name_map);
     if (!name_map) {
       rc = CAP_ENOMEM;
       goto out;
     }
     for (size_t i = 0; i < b->n_names; i++)
-      if ((rc = intern(t, b->names[i], &name_map[i])) != 0)
-        goto out;
+      name_map[i] = UINT32_MAX;
     size_t off = 0;
     for (size_t i = 0; i < b->n_op_seq; i++) {
       uint32_t n_in = b->op_n_in[i], n_out = b->op_n_out[i];
+      uint32_t *name = &name_map[b->op_name[i]]; /* index validated */
+      if (*name == UINT32_MAX &&
+          (rc = intern(t, b->names[b->op_name[i]], name, err, err_len)) != 0)
+        goto out;
       if ((rc = add_op(t, b->op_seq[i], b->op_start_ns[i], b->op_end_ns[i],
-                       name_map[b->op_name[i]], b->tensors + off, n_in,
+                       *name, b->tensors + off, n_in,
                        b->tensors + off + n_in, n_out, err, err_len)))
         goto out;
       off += (size_t)n_in + n_out;

@@ -440,6 +440,8 @@ static int v_bye(vctx_t *c, const Capuchin__Bye *m) {
 
 static int v_budget_update(vctx_t *c, const Capuchin__BudgetUpdate *m) {
   NEED(c, m, budget_bytes);
+  if (m->has_min_budget_bytes && m->min_budget_bytes == 0)
+    return FAIL(c, CAP_ERANGE, "min_budget_bytes must be > 0");
   return check_str(c, m->reason, "reason", false, false, c->lim->max_name_len);
 }
 

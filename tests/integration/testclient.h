@@ -95,6 +95,8 @@ static int tc_send_iteration_end(tc_t *c, uint64_t iteration, int64_t iter_ns,
 /* Wait for a Plan and convert it; NULL on timeout. */
 static cap_plan_t *tc_wait_plan(tc_t *c, int timeout_ms);
 static uint64_t tc_now_ms(void);
+/* VmRSS of a process in KiB (/proc/PID/status), 0 when unknown. */
+static uint64_t tc_rss_kb(pid_t pid);
 
 #include "testclient_impl.h"
 

@@ -22,6 +22,22 @@ static TC_UNUSED uint64_t tc_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static TC_UNUSED uint64_t tc_rss_kb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  uint64_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "VmRSS:", 6) == 0) {
+      kb = strtoull(line + 6, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return kb;
+}
+
 static TC_UNUSED int tc_daemon_start(tc_daemon_t *d, const char *dir,
                                      const char *const *extra) {
   memset(d, 0, sizeof *d);

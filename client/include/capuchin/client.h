@@ -266,6 +266,13 @@ typedef struct cap_client_stats {
   char backend[16];              /* "sim" / "cuda" */
   char device_name[128];
   double h2d_gbps, d2h_gbps, duplex_gbps; /* measured at create */
+  /* The daemon found no plan for the budget: the smallest budget it found
+   * one for (bytes); 0 while a plan fits or none was made yet. The job
+   * runs passive meanwhile. */
+  uint64_t min_budget_bytes;
+  /* What the daemon last said that the user should see: why no plan fits,
+   * or the Error it refused or closed the session with ("" none). */
+  char daemon_message[256];
 } cap_client_stats_t;
 
 /* Snapshot of the counters. Any thread (counters read atomically). */
@@ -283,7 +290,9 @@ int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan);
 int64_t cap_client_plan_predicted_ns(cap_client_t *c);
 
 /* Block until the reporter has received a plan with version > `version` or
- * timeout_ms passes (CAP_ETIMEDOUT). For tools and tests; any thread. */
+ * timeout_ms passes (CAP_ETIMEDOUT), or the daemon said no plan fits the
+ * budget (CAP_EINFEASIBLE; cap_client_stats_t.min_budget_bytes). For tools
+ * and tests; any thread. */
 int cap_client_wait_plan(cap_client_t *c, uint32_t version,
                          uint32_t timeout_ms);
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #define CAP_DAEMON_MAX_ALLOW 64 /* entries of each allow list */
+#define CAP_DAEMON_MAX_DEVICES 64 /* device indices gpu-memory can name */
 
 typedef enum {
   CAP_LOG_ERROR = 0,
@@ -29,7 +30,10 @@ typedef struct cap_daemon_config {
   char db_path[4096];
   char config_path[4096]; /* "" when none */
   char log_file[4096];    /* "" = stderr; reopened on SIGHUP */
-  uint64_t gpu_memory_bytes; /* 0: use the device total from Hello */
+  uint64_t gpu_memory_bytes; /* every device; 0: from the clients' Hellos */
+  /* gpu-memory = INDEX:BYTES, one device (wins over gpu_memory_bytes);
+   * 0: unset. */
+  uint64_t gpu_memory_dev[CAP_DAEMON_MAX_DEVICES];
   uint32_t allow_uids[CAP_DAEMON_MAX_ALLOW];
   uint32_t n_allow_uids;
   uint32_t allow_gids[CAP_DAEMON_MAX_ALLOW];
@@ -42,6 +46,16 @@ typedef struct cap_daemon_config {
   uint32_t max_ops_per_iteration;
   uint32_t max_tensors;       /* declared tensors of one session */
   size_t max_pending_write_bytes; /* unsent output before a slow reader is cut */
+  /* Hostile clients (issue 10). */
+  uint32_t max_op_names;        /* distinct op names of one iteration */
+  uint64_t max_op_name_bytes;   /* and their bytes */
+  uint32_t handshake_timeout_ms; /* accept -> Hello */
+  uint32_t idle_timeout_ms;      /* a frame begun and not finished */
+  uint32_t max_queued_store_rows; /* iteration rows a session may have
+                                     waiting for the store before its
+                                     input is paused */
+  uint32_t db_mode;              /* permission bits of a database it creates
+                                    (0600, 0640 or 0660), whatever the umask */
   double bw_tolerance;        /* profile reuse: relative bandwidth match */
   char planner[32];           /* "capuchin" */
   /* May plans evict params and optimizer state? CAP_EVICT_PERSISTENT_AUTO:

@@ -42,11 +42,34 @@ static void test_huge_values_no_overflow(void) {
   CHECK_EQ(out[1], 40ull << 30);
 }
 
+/* Issue 10, defect 4: no one client's claim sets a shared device's size. */
+static void test_capacity_from_claims(void) {
+  const uint64_t G = 1ull << 30;
+  bool ign[4];
+  uint64_t one[] = {16 * G};
+  CHECK_EQ(cap__budget_capacity(one, 1, ign), 16 * G);
+  CHECK(!ign[0]);
+  /* A newcomer claiming 1 MiB (or 1 PiB) beside an honest job: ignored. */
+  uint64_t small[] = {16 * G, 1u << 20};
+  CHECK_EQ(cap__budget_capacity(small, 2, ign), 16 * G);
+  CHECK(!ign[0] && ign[1]);
+  uint64_t big[] = {16 * G, 1ull << 50};
+  CHECK_EQ(cap__budget_capacity(big, 2, ign), 16 * G);
+  CHECK(!ign[0] && ign[1]);
+  /* The claim most agree with wins, the largest of them is the capacity. */
+  uint64_t many[] = {1u << 20, 16 * G, 15 * G, 0};
+  CHECK_EQ(cap__budget_capacity(many, 4, ign), 16 * G);
+  CHECK(ign[0] && !ign[1] && !ign[2] && !ign[3]);
+  uint64_t none[] = {0, 0};
+  CHECK_EQ(cap__budget_capacity(none, 2, ign), 0);
+}
+
 int main(void) {
   RUN_TEST(test_fits_gets_requests);
   RUN_TEST(test_proportional);
   RUN_TEST(test_floor_pins_and_others_share_rest);
   RUN_TEST(test_floor_above_request_capped);
   RUN_TEST(test_huge_values_no_overflow);
+  RUN_TEST(test_capacity_from_claims);
   return TEST_SUMMARY();
 }

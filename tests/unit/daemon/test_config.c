@@ -41,6 +41,22 @@ static void test_defaults_and_set(void) {
         CAP_ENOENT);
   CHECK(cap_daemon_config_set(&c, "gpu-memory", "80G", err, sizeof err) == 0);
   CHECK_EQ(c.gpu_memory_bytes, 80ull << 30);
+  /* One device's size (issue 10, defect 4). */
+  CHECK(cap_daemon_config_set(&c, "gpu-memory", "3:40G", err, sizeof err) == 0);
+  CHECK_EQ(c.gpu_memory_dev[3], 40ull << 30);
+  CHECK_EQ(c.gpu_memory_bytes, 80ull << 30);
+  CHECK(cap_daemon_config_set(&c, "gpu-memory", "64:1G", err, sizeof err) ==
+        CAP_ERANGE);
+  CHECK(cap_daemon_config_set(&c, "gpu-memory", ":1G", err, sizeof err) ==
+        CAP_EINVAL);
+  /* Hostile-client bounds. */
+  CHECK_EQ(c.handshake_timeout_ms, 10000);
+  CHECK(cap_daemon_config_set(&c, "idle-timeout-ms", "5", err, sizeof err) ==
+        CAP_ERANGE);
+  CHECK(cap_daemon_config_set(&c, "db-mode", "0644", err, sizeof err) ==
+        CAP_EINVAL);
+  CHECK(cap_daemon_config_set(&c, "db-mode", "0660", err, sizeof err) == 0);
+  CHECK_EQ(c.db_mode, 0660);
   CHECK_EQ(c.evict_persistent, CAP_EVICT_PERSISTENT_AUTO);
   CHECK(cap_daemon_config_set(&c, "evict-persistent", "yes", err, sizeof err) == 0);
   CHECK_EQ(c.evict_persistent, CAP_EVICT_PERSISTENT_YES);

@@ -176,7 +176,8 @@ static void test_error_closes_and_frees(void) {
 
 static void test_tracker_rules(void) {
   cap__tracker_limits_t lim = {.max_accesses = 8, .max_ops = 3,
-                               .max_tensors = 3};
+                               .max_tensors = 3, .max_names = 4,
+                               .max_name_bytes = 64};
   cap__tracker_t t;
   cap__tracker_init(&t, &lim);
   char err[256];
@@ -217,6 +218,51 @@ static void test_tracker_rules(void) {
   cap__tracker_close(&t);
 }
 
+/* Issue 10, defect 1: a batch's name table is interned only where an op
+ * uses it, and what is interned counts against the name quota. */
+static void test_tracker_names(void) {
+  cap__tracker_limits_t lim = {.max_accesses = 64, .max_ops = 64,
+                               .max_tensors = 8, .max_names = 3,
+                               .max_name_bytes = 16};
+  cap__tracker_t t;
+  cap__tracker_init(&t, &lim);
+  char err[256];
+  char *names[] = {"unused-1", "conv", "unused-2", "relu", "a-name-too-long"};
+  uint32_t seq[] = {0, 1, 2}, nm[] = {1, 3, 1}, zero[] = {0, 0, 0};
+  int64_t t0[] = {0, 10, 20}, t1[] = {5, 15, 25};
+  Capuchin__AccessBatch b = CAPUCHIN__ACCESS_BATCH__INIT;
+  b.iteration = 1;
+  b.n_names = 5;
+  b.names = names;
+  b.n_op_seq = b.n_op_start_ns = b.n_op_end_ns = b.n_op_name = b.n_op_n_in =
+      b.n_op_n_out = 3;
+  b.op_seq = seq;
+  b.op_start_ns = t0;
+  b.op_end_ns = t1;
+  b.op_name = nm;
+  b.op_n_in = b.op_n_out = zero;
+  CHECK(cap__tracker_batch(&t, &b, NULL, err, sizeof err) == 0);
+  CHECK_EQ(t.rec.n_names, 2); /* conv, relu */
+  CHECK_EQ(t.name_bytes, 10);
+  /* 16 bytes: "a-name-too-long" (16 with its NUL) does not fit beside. */
+  uint32_t seq2[] = {3}, nm2[] = {4};
+  int64_t t02[] = {30}, t12[] = {35};
+  b.n_op_seq = b.n_op_start_ns = b.n_op_end_ns = b.n_op_name = b.n_op_n_in =
+      b.n_op_n_out = 1;
+  b.op_seq = seq2;
+  b.op_start_ns = t02;
+  b.op_end_ns = t12;
+  b.op_name = nm2;
+  CHECK(cap__tracker_batch(&t, &b, NULL, err, sizeof err) == CAP_EQUOTA);
+  CHECK(strstr(err, "op names") != NULL);
+  /* A new iteration starts from no names. */
+  cap__iter_records_t r;
+  CHECK(cap__tracker_end(&t, 1, &r, err, sizeof err) == 0);
+  cap__iter_records_free(&r);
+  CHECK_EQ(t.name_bytes, 0);
+  cap__tracker_close(&t);
+}
+
 int main(void) {
   char err[512];
   if (cap_trace_load(cap_test_data("traces/resnet50.trace"), &P, err,
@@ -238,6 +284,7 @@ int main(void) {
   RUN_TEST(test_byte_by_byte);
   RUN_TEST(test_error_closes_and_frees);
   RUN_TEST(test_tracker_rules);
+  RUN_TEST(test_tracker_names);
   cap__daemon_close_core(&D);
   uv_loop_close(&loop);
   cap_profile_destroy(P);
