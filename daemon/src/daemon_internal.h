@@ -264,6 +264,10 @@ struct cap__session {
   cap_feedback_t *pending_fb;
   uint32_t n_pending_fb;
   uint32_t pending_fb_version;
+  /* Actions the client reported it swaps instead, waiting for the worker:
+   * the next plan version says so (cap__work_fall_back). */
+  cap_action_key_t *pending_failed;
+  uint32_t n_pending_failed;
   uint32_t refs; /* tasks holding the session */
   uint32_t store_queued; /* iteration rows queued or being written */
   bool store_blocked;    /* input paused until the store catches up */
@@ -327,6 +331,10 @@ void cap__work_probe(cap__session_t *s, cap__iter_records_t *rec);
 void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n);
 /* Store `plan` (taken) as the session's next version and push it. */
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan);
+/* Next version of the plan in force with the actions the client could not
+ * carry out swapped instead (cap_plan_fall_back); takes failed. */
+void cap__work_fall_back(cap__session_t *s, cap_action_key_t *failed,
+                         uint32_t n);
 /* --- Store writes nobody waits for (store_queue.c) ------------------------ */
 /* Queue s's iteration row; holds s until it is written, and pauses s's
  * input while max_queued_store_rows of its rows wait. */

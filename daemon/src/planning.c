@@ -53,6 +53,8 @@ typedef struct task {
   uint32_t n_fb;
   cap_plan_t *plan_in; /* refine: a clone of the plan in force */
   bool restore;        /* refine: store plan_in as it is, no feedback */
+  cap_action_key_t *failed; /* refine: actions the client swaps instead */
+  uint32_t n_failed;
   /* outputs */
   int rc;
   char err[512];
@@ -99,6 +101,7 @@ static task_t *task_new(cap__session_t *s, cap__work_kind_t kind) {
 static void task_free(task_t *t) {
   cap__iter_records_free(&t->rec);
   free(t->fb);
+  free(t->failed);
   cap_plan_destroy(t->plan_in);
   cap_plan_destroy(t->plan);
   cap_profile_destroy(t->profile_out);
@@ -420,9 +423,13 @@ static void work_cb(uv_work_t *req) {
     cfg.bw = t->bw;
     uint32_t version_in = t->plan_in->version;
     uint64_t t0 = cap__now_ns();
-    rc = t->restore
-             ? 0
-             : cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
+    if (t->restore)
+      rc = 0;
+    else if (t->failed)
+      rc = cap_plan_fall_back(t->plan_in, t->profile, t->failed, t->n_failed,
+                              &cfg);
+    else
+      rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
     t->plan_us = (cap__now_ns() - t0) / 1000;
     if (rc && rc != CAP_EINVAL) {
       t->planner_failed = rc;
@@ -485,7 +492,9 @@ static void finish_plan(cap__session_t *s, task_t *t) {
                    ? " (swapping persistent tensors too: activations alone "
                      "do not fit)"
                    : "");
-    bool refined = t->kind == CAP__W_REFINE && !t->restore;
+    /* a feedback refinement is on trial (judge_refinement); a fallback is
+     * what the client already does, and a restore ends a trial */
+    bool refined = t->kind == CAP__W_REFINE && !t->restore && !t->failed;
     cap_plan_t *from = refined ? s->plan : NULL;
     int64_t from_best = s->best_ns;
     if (refined)
@@ -732,4 +741,20 @@ void cap__work_refine(cap__session_t *s, cap_feedback_t *fb, uint32_t n) {
 
 void cap__work_restore(cap__session_t *s, cap_plan_t *plan) {
   submit_refine(s, plan, NULL, 0, true);
+}
+
+void cap__work_fall_back(cap__session_t *s, cap_action_key_t *failed,
+                         uint32_t n) {
+  cap_plan_t *plan = cap_plan_clone(s->plan);
+  task_t *t = plan ? task_new(s, CAP__W_REFINE) : NULL;
+  if (!t) {
+    cap_plan_destroy(plan);
+    free(failed);
+    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+    return;
+  }
+  t->plan_in = plan;
+  t->failed = failed;
+  t->n_failed = n;
+  submit(s, t);
 }

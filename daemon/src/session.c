@@ -87,6 +87,7 @@ static void session_free(cap__session_t *s) {
   cap_plan_destroy(s->plan);
   cap_plan_destroy(s->plan_before);
   free(s->pending_fb);
+  free(s->pending_failed);
   free(s);
   if (d->store)
     cap__work_store_trim(d);
@@ -241,6 +242,12 @@ void cap__session_kick(cap__session_t *s) {
     if (s->want_replan && s->profile) {
       s->want_replan = false;
       cap__work_replan(s);
+    } else if (s->n_pending_failed && s->plan && s->profile) {
+      cap_action_key_t *f = s->pending_failed;
+      uint32_t n = s->n_pending_failed;
+      s->pending_failed = NULL;
+      s->n_pending_failed = 0;
+      cap__work_fall_back(s, f, n);
     } else if (s->n_pending_fb && s->plan &&
                s->pending_fb_version == s->plan->version && may_refine(s) &&
                s->plan->budget_bytes == s->granted_budget) {
@@ -351,6 +358,34 @@ static void judge_refinement(cap__session_t *s, int64_t iter_ns) {
   cap__work_restore(s, before);
 }
 
+/* The client swaps these actions instead from now on (docs/plan-semantics.md):
+ * the next plan version says so, as soon as the worker is free. */
+static void note_failed_actions(cap__session_t *s,
+                                const Capuchin__IterationEnd *e) {
+  char w[320];
+  cap__log(CAP_LOG_WARN,
+           "%s: iteration %" PRIu64 ": %zu plan actions could not be carried "
+           "out and are swapped instead%s%s",
+           who(s, w, sizeof w), e->iteration, e->n_failed_actions,
+           e->error ? "; first error: " : "", e->error ? e->error : "");
+  uint32_t n = s->n_pending_failed;
+  size_t add = e->n_failed_actions;
+  cap_action_key_t *f =
+      realloc(s->pending_failed, ((size_t)n + add) * sizeof *f);
+  if (!f)
+    return; /* the client swaps them anyway; the plan just does not say so */
+  for (size_t i = 0; i < add; i++)
+    f[n + i] = (cap_action_key_t){e->failed_actions[i]->tensor,
+                                  e->failed_actions[i]->evict_after_access};
+  s->pending_failed = f;
+  s->n_pending_failed = n + (uint32_t)add;
+  if (s->busy == CAP__W_NONE && s->plan && s->profile) {
+    s->pending_failed = NULL;
+    s->n_pending_failed = 0;
+    cap__work_fall_back(s, f, n + (uint32_t)add);
+  } /* else cap__session_kick starts it when the worker is done */
+}
+
 static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e) {
   char err[512] = "";
   uint64_t dropped = s->tracker.dropped;
@@ -382,7 +417,14 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     if (!it.plan_id)
       it.plan_version = 0; /* a version this session never sent */
   }
+  if (e->has_op_errors) {
+    it.op_errors = e->op_errors;
+    if (e->error)
+      snprintf(it.error, sizeof it.error, "%s", e->error);
+  }
   cap__work_store_iteration(s, &it);
+  if (e->n_failed_actions)
+    note_failed_actions(s, e);
   if (!e->measured && it.plan_version && s->plan &&
       e->plan_version == s->plan->version)
     judge_refinement(s, e->iter_ns);

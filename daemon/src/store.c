@@ -140,8 +140,9 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_ITER_INSERT] =
         "INSERT INTO iterations (job_id, session_id, plan_id, plan_version,"
         " iteration, iter_ns, peak_bytes, stall_ns, n_stalls, swap_out_bytes,"
-        " swap_in_bytes, recompute_ns, created_ms)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        " swap_in_bytes, recompute_ns, created_ms, op_errors, error)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
+        " ?15)",
 };
 
 struct cap_store {
@@ -1445,6 +1446,12 @@ static int iteration_put(cap_store_t *s, const cap_store_iteration_t *it,
   sqlite3_bind_int64(st, 11, (sqlite3_int64)it->swap_in_bytes);
   sqlite3_bind_int64(st, 12, it->recompute_ns);
   sqlite3_bind_int64(st, 13, now_ms());
+  sqlite3_bind_int64(st, 14, it->op_errors);
+  if (it->error[0])
+    sqlite3_bind_text(st, 15, it->error, (int)strnlen(it->error, sizeof it->error),
+                      SQLITE_TRANSIENT);
+  else
+    sqlite3_bind_null(st, 15);
   return insert_row(s, st, "iteration put", out_id);
 }
 

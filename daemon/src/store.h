@@ -37,7 +37,7 @@
 #include "capuchin/sim.h"
 
 /* Schema version this code writes and understands (PRAGMA user_version). */
-#define CAP_STORE_SCHEMA_VERSION 1
+#define CAP_STORE_SCHEMA_VERSION 2
 
 typedef struct cap_store cap_store_t;
 
@@ -196,6 +196,8 @@ typedef struct cap_store_iteration {
   uint64_t swap_out_bytes; /* bytes moved D2H */
   uint64_t swap_in_bytes;  /* bytes moved H2D */
   int64_t recompute_ns;    /* time spent recomputing */
+  uint32_t op_errors;      /* ops that could not run */
+  char error[256];         /* the first op error's message, "" when none */
 } cap_store_iteration_t;
 
 int cap_store_iteration_put(cap_store_t *s, const cap_store_iteration_t *it,

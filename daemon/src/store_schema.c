@@ -156,6 +156,9 @@ static const char *const migrations[] = {
     "  created_ms INTEGER NOT NULL"
     ") STRICT;"
     "CREATE INDEX iterations_job ON iterations(job_id, iteration);",
+    /* 1 -> 2: what went wrong in an iteration (docs/plan-semantics.md) */
+    "ALTER TABLE iterations ADD COLUMN op_errors INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE iterations ADD COLUMN error TEXT;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

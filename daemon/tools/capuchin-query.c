@@ -243,6 +243,8 @@ static int cmd_iterations(ctx_t *c, int64_t job) {
       {"swap_out_bytes", "out MiB", CAP_QCOL_BYTES},
       {"swap_in_bytes", "in MiB", CAP_QCOL_BYTES},
       {"recompute_ns", "recompute ms", CAP_QCOL_NS},
+      {"op_errors", "errors", CAP_QCOL_INT},
+      {"error", "first error", CAP_QCOL_TEXT},
   };
   if (!row_exists(c, "jobs", job))
     return fail("no job %" PRId64, job);
@@ -253,7 +255,8 @@ static int cmd_iterations(ctx_t *c, int64_t job) {
       " CASE WHEN pl.predicted_iter_ns > 0 THEN"
       "  100.0 * (i.iter_ns - pl.predicted_iter_ns) / pl.predicted_iter_ns END,"
       " i.peak_bytes, pl.predicted_peak_bytes, i.stall_ns, i.n_stalls,"
-      " i.swap_out_bytes, i.swap_in_bytes, i.recompute_ns"
+      " i.swap_out_bytes, i.swap_in_bytes, i.recompute_ns, i.op_errors,"
+      " i.error"
       " FROM iterations i LEFT JOIN plans pl ON pl.id = i.plan_id"
       " WHERE i.job_id = ?1 ORDER BY i.iteration, i.id",
       job);
