@@ -20,7 +20,7 @@ static const char plan_json[] =
     "\"evict_after_access\":2,\"method\":\"swap\",\"prefetch_at\":null}]}";
 
 static int iteration(cap_client_t *c, uint32_t w, cap_iter_stats_t *st) {
-  uint32_t a, b, x;
+  uint32_t a = CAP_NONE, b = CAP_NONE, x = CAP_NONE;
   int rc = cap_client_iteration_begin(c);
   rc = rc ? rc : cap_client_declare(c, 64 * KIB, &a);
   rc = rc ? rc : cap_client_declare(c, 64 * KIB, &b);
