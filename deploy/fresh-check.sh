@@ -53,6 +53,7 @@ elif [ -e "$root" ] && [ -n "$(ls -A "$root")" ]; then
   exit 1
 fi
 mkdir -p "$root"
+chmod 0755 "$root" # it becomes "/": mktemp's 0700 would lock the user out
 if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
   echo "fresh-check: note: uncommitted changes in $src are not part of the check" >&2
 fi
