@@ -6,7 +6,7 @@
  *
  *   consumer SOCKET
  *
- * A five-op model whose peak (25 MiB) is over its budget (20 MiB): the
+ * A seven-op model whose peak (25 MiB) is over its budget (20 MiB): the
  * first iteration is measured, the daemon answers with a plan, and later
  * iterations are guided by it. Also loads a plan as JSON, as a job that
  * brings its own plan would. Exit 0 when all of it worked.
@@ -27,28 +27,37 @@
     }                                                                          \
   } while (0)
 
-/* op0: w -> a1, op1: a1 -> a2, op2: a2 -> a3, op3: a3 -> a4,
- * op4: a4, a1 -> a5; a2 is freed after op2, a3 after op3, the rest at the
- * end. The peak (w, a1, a2, a3 at op2) is 25 MiB. */
+/* op0: w -> a1, op1: a1 -> a2, op2: a2 -> a2 (in place), op3: a2 -> a3,
+ * op4: a3 -> a4, op5: a4 -> a5, op6: a5, a1 -> a6; each activation is
+ * freed after its last reader. Unmanaged, the peak is 25 MiB (w, a1, a2, a3
+ * at op3); with a1 swapped out after op1 (the copy runs during op2) and
+ * prefetched when op5 starts, 18 MiB. */
 static int iteration(cap_client_t *c, uint32_t w, cap_iter_stats_t *st) {
-  static const uint64_t mib[5] = {8, 8, 8, 8, 1};
-  uint32_t a[5];
+  static const uint64_t mib[6] = {8, 8, 8, 8, 1, 1};
+  uint32_t a[6];
   CHECK(cap_client_iteration_begin(c) == 0);
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < 6; i++)
     CHECK(cap_client_declare(c, mib[i] * MIB, &a[i]) == 0);
-  const uint32_t in[5][2] = {{w}, {a[0]}, {a[1]}, {a[2]}, {a[3], a[0]}};
-  const uint32_t n_in[5] = {1, 1, 1, 1, 2};
-  for (int op = 0; op < 5; op++) {
-    CHECK(cap_client_op_begin(c, "aten::mul", in[op], n_in[op], &a[op], 1,
-                              NULL, NULL) == 0);
+  const struct {
+    uint32_t in[2], n_in, out, free; /* free: freed after the op, or none */
+  } ops[7] = {
+      {{w}, 1, a[0], CAP_NONE},          {{a[0]}, 1, a[1], CAP_NONE},
+      {{a[1]}, 1, a[1], CAP_NONE},       {{a[1]}, 1, a[2], a[1]},
+      {{a[2]}, 1, a[3], a[2]},           {{a[3]}, 1, a[4], a[3]},
+      {{a[4], a[0]}, 2, a[5], CAP_NONE},
+  };
+  for (int i = 0; i < 7; i++) {
+    CHECK(cap_client_op_begin(c, i == 2 ? "aten::relu_" : "aten::mul",
+                              ops[i].in, ops[i].n_in, &ops[i].out, 1, NULL,
+                              NULL) == 0);
     CHECK(cap_client_compute(c, 2000000) == 0); /* 2 ms of trace time */
     CHECK(cap_client_op_end(c) == 0);
-    if (op == 2 || op == 3)
-      CHECK(cap_client_free(c, a[op - 1]) == 0);
+    if (ops[i].free != CAP_NONE)
+      CHECK(cap_client_free(c, ops[i].free) == 0);
   }
   CHECK(cap_client_free(c, a[0]) == 0);
-  CHECK(cap_client_free(c, a[3]) == 0);
   CHECK(cap_client_free(c, a[4]) == 0);
+  CHECK(cap_client_free(c, a[5]) == 0);
   CHECK(cap_client_iteration_end(c, st) == 0);
   return 0;
 }
