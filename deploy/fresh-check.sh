@@ -109,8 +109,8 @@ deb $mirror $suite-updates main
 deb http://security.debian.org/debian-security $suite-security main
 EOT
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-echo capuchin-fresh >"$root/etc/hostname"
-printf '127.0.0.1 localhost capuchin-fresh\n' >"$root/etc/hosts"
+# The chroot shares the host's hostname: name it, or sudo warns on each use.
+printf '127.0.0.1 localhost %s\n' "$(hostname)" >"$root/etc/hosts"
 chroot "$root" useradd --create-home --shell /bin/bash "$user"
 echo "$user ALL=(ALL) NOPASSWD: ALL" >"$root/etc/sudoers.d/$user"
 chmod 0440 "$root/etc/sudoers.d/$user"

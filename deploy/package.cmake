@@ -7,7 +7,11 @@
 # as they stand when it is included.
 set(CPACK_PACKAGE_NAME capuchin)
 set(CPACK_PACKAGE_VENDOR "Capuchin")
-set(CPACK_PACKAGE_CONTACT "Capuchin maintainers <capuchin@localhost>")
+# The Maintainer field: a placeholder until whoever publishes the packages
+# sets their own (-DCPACK_PACKAGE_CONTACT="Name <email>").
+if(NOT CPACK_PACKAGE_CONTACT)
+  set(CPACK_PACKAGE_CONTACT "Capuchin maintainers <capuchin@localhost>")
+endif()
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${PROJECT_DESCRIPTION}")
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
