@@ -46,9 +46,9 @@ typedef struct cap__rec {
     uint32_t ids[CAP__REC_IDS];
   } u;
 } cap__rec_t;
-/* The reporter reads records by cache line; a field added to a record must
- * fit in the padding, or the ring's memory and copy cost grow for every
- * access of every job. */
+/* A record is one cache line: the hot path writes one line per access and
+ * the ring takes ring_records x 64 bytes. A field added to a record must
+ * fit in its padding. */
 _Static_assert(sizeof(cap__rec_t) == 64, "ring records are 64 bytes");
 
 typedef struct cap__ring {
