@@ -30,29 +30,17 @@ say "dependencies"
 say "build ($build)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAP_BUILD_TESTS=OFF >/dev/null
 jobs=$(nproc 2>/dev/null || echo 2)
-# Build what the demo needs; a tool that fails to build is named below.
-for t in capuchin-sim capuchind capuchin-query capuchin-replay; do
-  cmake --build "$build" -j"$jobs" --target "$t" >"$build/build-$t.log" 2>&1 ||
-    echo "demo: $t did not build (see $build/build-$t.log)" >&2
-done
+# Build what the demo needs; a failed build stops the demo with its log.
+if ! cmake --build "$build" -j"$jobs" \
+    --target capuchin-sim capuchind capuchin-query capuchin-replay >"$build/build.log" 2>&1; then
+  tail -n 40 "$build/build.log" >&2
+  echo "demo: the build failed (all of it in $build/build.log)" >&2
+  exit 1
+fi
 bin="$root/$build/bin"
 
 say "trace"
-if [ -x "$bin/capuchin-sim" ]; then
-  "$bin/capuchin-sim" --trace "$trace" --info
-else
-  echo "demo: capuchin-sim is not built yet (policy module); cannot summarise $trace" >&2
-  exit 1
-fi
-
-missing=()
-for t in capuchind capuchin-query capuchin-replay; do
-  [ -x "$bin/$t" ] || missing+=("$t")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "demo: not built yet: ${missing[*]} -- stopping after the trace summary" >&2
-  exit 0
-fi
+"$bin/capuchin-sim" --trace "$trace" --info
 
 backend=${CAP_DEMO_BACKEND:-}
 if [ -z "$backend" ]; then

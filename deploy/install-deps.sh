@@ -8,6 +8,7 @@ packages=(
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   sqlite3 procps             # tests inspect the database and processes
+  python3                    # test_query parses the JSON, CSV and SVG output
   chromium                   # the timeline SVG test renders it headless
 )
 

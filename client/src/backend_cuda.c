@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,19 @@ typedef struct {
   unsigned long long *mismatches;
   unsigned long long *sink;
 } kargs;
+/* The kernel receives these bytes as its parameter, laid out by nvcc from
+ * kernels.cu's struct: a field moved on one side only would shift every
+ * field after it without any error. kernels.cu asserts the same numbers.
+ * (A kernel's parameters may take at most 4 KiB.) */
+_Static_assert(sizeof(kbuf) == 40, "kbuf: 4 u64 + 2 u32, as cap_kbuf");
+_Static_assert(sizeof(kargs) == 1312, "kargs: as cap_kargs in kernels.cu");
+_Static_assert(offsetof(kargs, n) == 1280 &&
+                   offsetof(kargs, duration_ns) == 1288 &&
+                   offsetof(kargs, mismatches) == 1296 &&
+                   offsetof(kargs, sink) == 1304,
+               "kargs field offsets, as cap_kargs in kernels.cu");
+_Static_assert(sizeof(kargs) <= 4096,
+               "CUDA kernel parameters are at most 4 KiB");
 
 typedef struct cu {
   int device;

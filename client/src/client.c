@@ -671,7 +671,7 @@ void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st) {
   pthread_mutex_unlock(&c->mu);
 }
 
-int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan) {
+int cap__client_load_plan(cap_client_t *c, const cap_plan_t *plan) {
   if (!c || !plan)
     return CAP_EINVAL;
   cap_plan_t *p = cap_plan_clone(plan);

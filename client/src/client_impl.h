@@ -46,6 +46,10 @@ typedef struct cap__rec {
     uint32_t ids[CAP__REC_IDS];
   } u;
 } cap__rec_t;
+/* A record is one cache line: the hot path writes one line per access and
+ * the ring takes ring_records x 64 bytes. A field added to a record must
+ * fit in its padding. */
+_Static_assert(sizeof(cap__rec_t) == 64, "ring records are 64 bytes");
 
 typedef struct cap__ring {
   cap__rec_t *recs;
@@ -339,7 +343,7 @@ struct cap_client {
   uint32_t ack_session;        /* session that sent it (a plan is acked
                                   only to the session it came from) */
   uint32_t pending_session;    /* session pending_plan came from (0: none,
-                                  loaded with cap_client_load_plan) */
+                                  loaded with cap__client_load_plan) */
   uint32_t session;            /* sessions welcomed so far (reporter) */
   bool session_lost;           /* connection dropped since last begin */
   int wake_fd[2];              /* owner -> reporter wake pipe */
@@ -353,6 +357,9 @@ struct cap_client {
 void cap__set_error(cap_client_t *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int cap__tensor_grow(cap_client_t *c, uint32_t n);
+/* Install a copy of plan at the next iteration boundary (what
+ * cap_client_load_plan_json does after parsing; tests call it directly). */
+int cap__client_load_plan(cap_client_t *c, const cap_plan_t *plan);
 void cap__note_peak(cap_client_t *c);
 
 /* plan_index.c: install a plan (takes ownership), clear it; the slot of

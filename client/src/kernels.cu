@@ -5,6 +5,8 @@
 //
 // The layout of cap_kargs must match struct kargs in backend_cuda.c.
 
+#include <cstddef>
+
 #define CAP_KMAX 32
 #define CAP_OPBUF_VERIFY 1u
 #define CAP_OPBUF_FILL 2u
@@ -21,6 +23,12 @@ struct cap_kargs {
   unsigned long long *mismatches; // device counter, added to
   unsigned long long *sink;       // never written in practice
 };
+// backend_cuda.c asserts the same sizes and offsets for its copy.
+static_assert(sizeof(cap_kbuf) == 40, "cap_kbuf: 4 u64 + 2 u32");
+static_assert(sizeof(cap_kargs) == 1312, "cap_kargs: as kargs in backend_cuda.c");
+static_assert(offsetof(cap_kargs, n) == 1280 && offsetof(cap_kargs, duration_ns) == 1288 &&
+                  offsetof(cap_kargs, mismatches) == 1296 && offsetof(cap_kargs, sink) == 1304,
+              "cap_kargs field offsets, as kargs in backend_cuda.c");
 
 // Same as cap_pattern_word() in backend.h.
 __device__ __forceinline__ unsigned long long pattern_word(unsigned long long seed,

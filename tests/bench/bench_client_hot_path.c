@@ -26,7 +26,9 @@
 
 #include "capuchin/client.h"
 #include "capuchin/frame.h"
+#include "capuchin/plan.h"
 #include "capuchin/proto.h"
+#include "client_impl.h" /* cap__client_load_plan: a plan without JSON */
 
 #define BATCH 16
 
@@ -152,7 +154,7 @@ static int measure(const char *what, size_t ops, result_t *res) {
     cap_plan_t *p = cap_plan_create("bench", 0);
     for (uint32_t t = 4; t < 8; t++)
       cap_plan_add_swap(p, t, 1000000, 5, 999999, 0);
-    cap_client_load_plan(c, p);
+    cap__client_load_plan(c, p);
     cap_plan_destroy(p);
   }
   const uint32_t in[3] = {ids[0], ids[1], ids[2]}, out[1] = {ids[3]};

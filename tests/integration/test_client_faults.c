@@ -12,6 +12,7 @@
 #include "cap_test.h"
 #include "capuchin/client.h"
 #include "capuchin/plan.h"
+#include "client_impl.h" /* cap__client_load_plan: a plan without JSON */
 
 #define MIB (1u << 20)
 
@@ -140,7 +141,7 @@ static void test_guided_plan(void) {
   CHECK_EQ(run_iter(j, &st, &err), 0); /* passive: builds the lineage */
   CHECK_EQ(st.mode, CAP_MODE_PASSIVE);
   cap_plan_t *p = make_plan();
-  CHECK_EQ(cap_client_load_plan(j->c, p), 0);
+  CHECK_EQ(cap__client_load_plan(j->c, p), 0);
   cap_plan_destroy(p);
   for (int i = 0; i < 3; i++) {
     CHECK_EQ(run_iter(j, &st, &err), 0);
@@ -178,7 +179,7 @@ static void test_copy_faults(void) {
   int err = 0;
   run_iter(j, &st, &err);
   cap_plan_t *p = make_plan();
-  cap_client_load_plan(j->c, p);
+  cap__client_load_plan(j->c, p);
   cap_plan_destroy(p);
   /* The swap-out of a1 fails: a1 stays on the device (fallback). */
   cap_client_fault_copy(j->c, 1);
@@ -218,7 +219,7 @@ static void test_recompute_fault(void) {
   int err = 0;
   run_iter(j, &st, &err);
   cap_plan_t *p = make_plan();
-  cap_client_load_plan(j->c, p);
+  cap__client_load_plan(j->c, p);
   cap_plan_destroy(p);
   j->fail_recompute = 1;
   int errs = run_iter(j, &st, &err);
@@ -260,7 +261,7 @@ static void test_bad_input(void) {
   /* A plan naming tensors this job does not have is refused at install. */
   cap_plan_t *p = cap_plan_create("bad", 0);
   cap_plan_add_swap(p, 4000, 1, CAP_NONE, 0, 0);
-  CHECK_EQ(cap_client_load_plan(c, p), 0);
+  CHECK_EQ(cap__client_load_plan(c, p), 0);
   cap_plan_destroy(p);
   cap_iter_stats_t st;
   CHECK_EQ(cap_client_iteration_begin(c), 0);

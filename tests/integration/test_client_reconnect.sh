@@ -7,7 +7,7 @@ set -uo pipefail
 bin=${CAP_BIN_DIR:?}
 src=${CAP_SOURCE_DIR:?}
 for t in capuchind capuchin-replay; do
-  [ -x "$bin/$t" ] || { echo "skip: $t not built"; exit 77; }
+  [ -x "$bin/$t" ] || { echo "FAIL: $bin/$t is missing (it is part of the build)"; exit 1; }
 done
 tmp=$(mktemp -d)
 dpid=

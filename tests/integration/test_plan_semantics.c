@@ -18,6 +18,7 @@
 #include "capuchin/client.h"
 #include "capuchin/plan.h"
 #include "capuchin/sim.h"
+#include "client_impl.h" /* cap__client_load_plan: a plan without JSON */
 
 #define MIB (1u << 20)
 /* Setup that cannot go on when it fails (REQUIRE is for void tests). */
@@ -183,7 +184,7 @@ static bool executor_accepts(const job_spec_t *j, const cap_plan_t *plan,
   cap_iter_stats_t st;
   run_iteration(&r, &st, log_differs);
   CHECK_EQ(st.op_errors, 0);
-  MUST(cap_client_load_plan(r.c, plan) == 0);
+  MUST(cap__client_load_plan(r.c, plan) == 0);
   run_iteration(&r, &st, false);
   CHECK_EQ(st.mode, CAP_MODE_GUIDED);
   if (st.mode != CAP_MODE_GUIDED)

@@ -40,8 +40,8 @@
 #include <stdint.h>
 
 #include "capuchin/error.h"
-#include "capuchin/plan.h"    /* cap_plan_t */
-#include "capuchin/profile.h" /* cap_tensor_kind_t, CAP_NONE */
+#include "capuchin/extern.h"
+#include "capuchin/types.h" /* cap_tensor_kind_t, CAP_NONE */
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,7 +59,7 @@ typedef enum {
 } cap_mode_t;
 
 /* Name of a mode ("measured", "guided", "passive"). */
-const char *cap_mode_name(cap_mode_t m);
+CAP_EXTERN const char *cap_mode_name(cap_mode_t m);
 
 typedef struct cap_client_config {
   /* Daemon socket. NULL: $CAPUCHIN_SOCKET, else the daemon's default,
@@ -93,12 +93,12 @@ typedef struct cap_client_config {
 } cap_client_config_t;
 
 /* Fill cfg with the defaults above. */
-void cap_client_config_init(cap_client_config_t *cfg);
+CAP_EXTERN void cap_client_config_init(cap_client_config_t *cfg);
 
 /* The socket path the config resolves to (config, $CAPUCHIN_SOCKET or the
  * default), written to buf. Returns 0, or CAP_ERANGE if it does not fit. */
-int cap_client_socket_path(const cap_client_config_t *cfg, char *buf,
-                           size_t len);
+CAP_EXTERN int cap_client_socket_path(const cap_client_config_t *cfg, char *buf,
+                                      size_t len);
 
 /* Open a client: open the backend, measure its bandwidths, start the
  * reporter thread and connect to the daemon (waiting at most
@@ -107,11 +107,12 @@ int cap_client_socket_path(const cap_client_config_t *cfg, char *buf,
  * cap_client_destroy. The calling thread becomes the owner thread.
  * Returns CAP_EINVAL (bad config), CAP_EUNSUPPORTED (backend not compiled
  * in or no GPU), CAP_EDEVICE, CAP_ENOMEM. */
-int cap_client_create(const cap_client_config_t *cfg, cap_client_t **out);
+CAP_EXTERN int cap_client_create(const cap_client_config_t *cfg,
+                                 cap_client_t **out);
 
 /* Flush what is recorded, say Bye, stop the reporter thread, release every
  * tensor's memory and the backend. NULL is a no-op. Owner thread. */
-void cap_client_destroy(cap_client_t *c);
+CAP_EXTERN void cap_client_destroy(cap_client_t *c);
 
 /* --- Tensors ---------------------------------------------------------------
  * Tensor ids are dense from 0 and stable across iterations (DESIGN.md):
@@ -124,34 +125,36 @@ void cap_client_destroy(cap_client_t *c);
  * first iteration or inside any iteration. *id receives its id, *dev (if
  * non-NULL) its current device address. Returns CAP_EBUDGET when it cannot
  * fit even after evicting everything evictable. */
-int cap_client_register(cap_client_t *c, uint64_t bytes,
-                        cap_tensor_kind_t kind, uint32_t *id, void **dev);
+CAP_EXTERN int cap_client_register(cap_client_t *c, uint64_t bytes,
+                                   cap_tensor_kind_t kind, uint32_t *id,
+                                   void **dev);
 
 /* Declare a transient tensor (activation, gradient, temporary) of `bytes`
  * without allocating it: its device memory is allocated at its first access
  * (op begin listing it), as a framework's caching allocator would. Inside an
  * iteration only. */
-int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id);
+CAP_EXTERN int cap_client_declare(cap_client_t *c, uint64_t bytes,
+                                  uint32_t *id);
 
 /* Declare and allocate a transient tensor now. *dev gets its address. */
-int cap_client_alloc(cap_client_t *c, uint64_t bytes, uint32_t *id,
-                     void **dev);
+CAP_EXTERN int cap_client_alloc(cap_client_t *c, uint64_t bytes, uint32_t *id,
+                                void **dev);
 
 /* Free a transient tensor (its last use is over): its device and host
  * memory go back to the pools, pending copies of it are cancelled.
  * Persistent tensors cannot be freed (CAP_EINVAL). */
-int cap_client_free(cap_client_t *c, uint32_t id);
+CAP_EXTERN int cap_client_free(cap_client_t *c, uint32_t id);
 
 /* Current device address of a resident tensor, or NULL when it is not on
  * the device. Owner thread. For diagnostics: use op begin's addresses. */
-void *cap_client_tensor_ptr(cap_client_t *c, uint32_t id);
+CAP_EXTERN void *cap_client_tensor_ptr(cap_client_t *c, uint32_t id);
 
 /* --- Iterations and ops --------------------------------------------------- */
 
 /* Start an iteration. Installs the newest plan the reporter has received
  * (plan versions change only here), decides the mode and resets the
  * per-iteration counters. Returns CAP_ESTATE inside an iteration. */
-int cap_client_iteration_begin(cap_client_t *c);
+CAP_EXTERN int cap_client_iteration_begin(cap_client_t *c);
 
 /* What one iteration did (cap_client_iteration_end). */
 typedef struct cap_iter_stats {
@@ -188,7 +191,7 @@ typedef struct cap_iter_stats {
 
 /* End the iteration: report IterationEnd (and prefetch feedback in guided
  * mode). Transient tensors still alive stay alive. *st may be NULL. */
-int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st);
+CAP_EXTERN int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st);
 
 /* Begin an op that reads `in` and writes `out` (an in-place op lists a
  * tensor on both sides). This is the access record: each listed tensor's
@@ -201,14 +204,14 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st);
  * the pointer; a string literal or an interned name). At most 4096 tensors
  * per side. Ops do not nest: CAP_ESTATE if an op is open. On error no op is
  * open and nothing is recorded. */
-int cap_client_op_begin(cap_client_t *c, const char *name,
-                        const uint32_t *in, uint32_t n_in,
-                        const uint32_t *out, uint32_t n_out,
-                        void **in_ptrs, void **out_ptrs);
+CAP_EXTERN int cap_client_op_begin(cap_client_t *c, const char *name,
+                                   const uint32_t *in, uint32_t n_in,
+                                   const uint32_t *out, uint32_t n_out,
+                                   void **in_ptrs, void **out_ptrs);
 
 /* End the op opened last: record its end time and start the evictions the
  * plan schedules after this access (or none). Owner thread. */
-int cap_client_op_end(cap_client_t *c);
+CAP_EXTERN int cap_client_op_end(cap_client_t *c);
 
 /* Recompute callback: re-run op `seq` (of the measured iteration) reading
  * in_ptrs and writing out_ptrs, on the compute stream, exactly as it first
@@ -224,27 +227,27 @@ typedef int (*cap_recompute_fn)(void *user, uint32_t seq, const char *name,
 
 /* Register the recompute callback. Without one, recompute actions of a plan
  * are carried out as swaps. */
-void cap_client_set_recompute(cap_client_t *c, cap_recompute_fn fn,
-                              void *user);
+CAP_EXTERN void cap_client_set_recompute(cap_client_t *c, cap_recompute_fn fn,
+                                         void *user);
 
 /* Run a synthetic op of `duration_ns` (trace time) on the compute stream:
  * sim: the owner thread advances the backend clock (sleeping, scaled);
  * cuda: a kernel that spins that long. Used by capuchin-replay and tests in
  * place of a framework's kernel, between op begin and op end. */
-int cap_client_compute(cap_client_t *c, int64_t duration_ns);
+CAP_EXTERN int cap_client_compute(cap_client_t *c, int64_t duration_ns);
 
 /* The backend clock, in trace nanoseconds (sim: wall time divided by
  * time_scale). Owner thread. */
-int64_t cap_client_now_ns(cap_client_t *c);
+CAP_EXTERN int64_t cap_client_now_ns(cap_client_t *c);
 
 /* Fill `bytes` of device memory at dev with a pattern derived from `seed`,
  * on the compute stream, or check that it holds that pattern (returns the
  * number of mismatching 8-byte words, 0 when intact, or a negative CAP_E*).
  * capuchin-replay's integrity check; dev must come from op begin. */
-int cap_client_pattern_fill(cap_client_t *c, void *dev, uint64_t bytes,
-                            uint64_t seed);
-int64_t cap_client_pattern_check(cap_client_t *c, const void *dev,
-                                 uint64_t bytes, uint64_t seed);
+CAP_EXTERN int cap_client_pattern_fill(cap_client_t *c, void *dev,
+                                       uint64_t bytes, uint64_t seed);
+CAP_EXTERN int64_t cap_client_pattern_check(cap_client_t *c, const void *dev,
+                                            uint64_t bytes, uint64_t seed);
 
 /* --- State ---------------------------------------------------------------- */
 
@@ -276,35 +279,38 @@ typedef struct cap_client_stats {
 } cap_client_stats_t;
 
 /* Snapshot of the counters. Any thread (counters read atomically). */
-void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st);
+CAP_EXTERN void cap_client_get_stats(cap_client_t *c, cap_client_stats_t *st);
 
-/* Install a plan without the daemon (one emitted by capuchin-sim
- * --emit-plan, or stored by capuchind): a copy takes effect at the next
- * iteration boundary, exactly like a plan the daemon pushes; a later plan
- * from the daemon replaces it. Tensor ids and op seqs must be this job's.
- * Owner thread. */
-int cap_client_load_plan(cap_client_t *c, const cap_plan_t *plan);
+/* Install a plan without the daemon, given as the JSON bytes capuchin-sim
+ * --emit-plan writes (json[0..len), need not be NUL-terminated; the caller
+ * keeps it). It takes effect at the next iteration boundary, exactly like a
+ * plan the daemon pushes; a later plan from the daemon replaces it. Tensor
+ * ids and op seqs must be this job's. Returns CAP_EPARSE with the reason
+ * (and where) in cap_client_last_error, CAP_ENOMEM. Owner thread. */
+CAP_EXTERN int cap_client_load_plan_json(cap_client_t *c, const char *json,
+                                         size_t len);
 
 /* Predicted iteration time of the installed plan (the daemon's simulator),
  * 0 when none. Owner thread. */
-int64_t cap_client_plan_predicted_ns(cap_client_t *c);
+CAP_EXTERN int64_t cap_client_plan_predicted_ns(cap_client_t *c);
 
 /* Block until the reporter has received a plan with version > `version` or
  * timeout_ms passes (CAP_ETIMEDOUT), or the daemon said no plan fits the
  * budget (CAP_EINFEASIBLE; cap_client_stats_t.min_budget_bytes). For tools
  * and tests; any thread. */
-int cap_client_wait_plan(cap_client_t *c, uint32_t version,
-                         uint32_t timeout_ms);
+CAP_EXTERN int cap_client_wait_plan(cap_client_t *c, uint32_t version,
+                                    uint32_t timeout_ms);
 
 /* Message describing the last error on this client (or ""). Owner thread. */
-const char *cap_client_last_error(cap_client_t *c);
+CAP_EXTERN const char *cap_client_last_error(cap_client_t *c);
 
 /* Fault injection (tests): fail the n-th device allocation from now
  * (n >= 1; 0 disables) and every allocation after it while `sticky`. */
-void cap_client_fault_alloc(cap_client_t *c, uint32_t nth, bool sticky);
+CAP_EXTERN void cap_client_fault_alloc(cap_client_t *c, uint32_t nth,
+                                       bool sticky);
 /* Fault injection (tests): the n-th host<->device copy from now fails
  * (0 disables). */
-void cap_client_fault_copy(cap_client_t *c, uint32_t nth);
+CAP_EXTERN void cap_client_fault_copy(cap_client_t *c, uint32_t nth);
 
 #ifdef __cplusplus
 }

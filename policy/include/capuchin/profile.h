@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CAP_NONE UINT32_MAX /* "no tensor / no op" in uint32_t id fields */
+#include "capuchin/types.h" /* CAP_NONE, cap_tensor_kind_t */
 
 /* Hard limits the builder enforces, so that a hostile trace or tracker
  * stream cannot make it allocate absurd memory or overflow sums. */
@@ -25,12 +25,6 @@
 #define CAP_PROFILE_MAX_NS (INT64_C(1) << 62)      /* any time in ns */
 #define CAP_PROFILE_MAX_NAME 1024 /* op names, meta keys and values, bytes */
 #define CAP_PROFILE_MAX_META 256  /* meta entries */
-
-typedef enum {
-  CAP_KIND_PARAM = 0,      /* weights, optimizer state: live all iteration */
-  CAP_KIND_INPUT = 1,      /* the batch: live all iteration */
-  CAP_KIND_ACTIVATION = 2, /* activations, gradients, temporaries */
-} cap_tensor_kind_t;
 
 typedef struct cap_tensor {
   uint64_t bytes;

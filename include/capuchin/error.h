@@ -1,5 +1,6 @@
 /*
- * Capuchin error codes, shared by every module.
+ * Capuchin error codes, shared by every module and part of the client's
+ * public API (installed with capuchin/client.h).
  *
  * Functions that act return int: 0 on success or a negative CAP_E* code.
  * One table (the X-macro below, as libuv's UV_ERRNO_MAP) gives each code its
@@ -7,6 +8,8 @@
  */
 #ifndef CAPUCHIN_ERROR_H
 #define CAPUCHIN_ERROR_H
+
+#include "capuchin/extern.h"
 
 #define CAP_ERRNO_MAP(XX)                                                      \
   XX(EINVAL, -1, "invalid argument")                                           \
@@ -39,9 +42,9 @@ enum {
 };
 
 /* Message for a CAP_E* code (or "unknown error"); never NULL. Thread-safe. */
-const char *cap_strerror(int err);
+CAP_EXTERN const char *cap_strerror(int err);
 
 /* Symbolic name of a CAP_E* code ("CAP_EINVAL"), or "CAP_EUNKNOWN". */
-const char *cap_err_name(int err);
+CAP_EXTERN const char *cap_err_name(int err);
 
 #endif /* CAPUCHIN_ERROR_H */
