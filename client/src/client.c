@@ -2,7 +2,6 @@
  * The client object: configuration, tensors, iterations, stats. The hot
  * path (op begin/end) lives in executor.c, the socket side in reporter.c.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,12 +21,6 @@ const char *cap_mode_name(cap_mode_t m) {
   return "?";
 }
 
-void cap__set_error(cap_client_t *c, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->err, sizeof c->err, fmt, ap);
-  va_end(ap);
-}
 
 const char *cap_client_last_error(cap_client_t *c) { return c ? c->err : ""; }
 
@@ -75,14 +68,6 @@ int cap__tensor_grow(cap_client_t *c, uint32_t n) {
   return 0;
 }
 
-void cap__note_peak(cap_client_t *c) {
-  uint64_t used = cap__dev_in_use(c->dev);
-  atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
-  if (used > c->it.peak_bytes)
-    c->it.peak_bytes = used;
-  if (used > atomic_load_explicit(&c->ctr.peak_bytes, memory_order_relaxed))
-    atomic_store_explicit(&c->ctr.peak_bytes, used, memory_order_relaxed);
-}
 
 int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
   cap_client_config_t cfg;
@@ -249,13 +234,6 @@ int cap_client_register(cap_client_t *c, uint64_t bytes, cap_tensor_kind_t kind,
   return 0;
 }
 
-void cap__decl_upto(cap_client_t *c, uint32_t upto) {
-  for (; c->decl_next <= upto && c->decl_next < c->n_tensors; c->decl_next++) {
-    const cap__tensor_t *t = &c->tensors[c->decl_next];
-    if (!cap__rec_decl(c, c->decl_next, t->bytes, t->kind))
-      c->it.dropped_records++;
-  }
-}
 
 int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
   if (!c || !id)
@@ -452,14 +430,6 @@ static void update_signature(cap_client_t *c) {
   cap_profile_destroy(p);
 }
 
-void cap__iter_errors_free(cap__iter_errors_t *e) {
-  while (e) {
-    cap__iter_errors_t *next = e->next;
-    free(e->failed);
-    free(e);
-    e = next;
-  }
-}
 
 /* What went wrong in this iteration, for the daemon: the op errors and the
  * actions that fell back since the last report. NULL when nothing did (or

@@ -353,14 +353,15 @@ struct cap_client {
   char err[256];
 };
 
-/* client.c */
+/* last_error.c: the message cap_client_last_error returns. */
 void cap__set_error(cap_client_t *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* client.c: the API. */
 int cap__tensor_grow(cap_client_t *c, uint32_t n);
 /* Install a copy of plan at the next iteration boundary (what
  * cap_client_load_plan_json does after parsing; tests call it directly). */
 int cap__client_load_plan(cap_client_t *c, const cap_plan_t *plan);
-void cap__note_peak(cap_client_t *c);
 
 /* plan_index.c: install a plan (takes ownership), clear it; the slot of
  * access k of tensor t (NULL when the plan has nothing there). */
@@ -417,6 +418,8 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync);
 /* Allocate device memory, making room when over budget (may_evict: by
  * swapping out least recently used tensors synchronously). */
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
+/* Record the device bytes in use now in the iteration's and job's peaks. */
+void cap__note_peak(cap_client_t *c);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
  * room); make tensor id usable by the op being begun (is_output: the op

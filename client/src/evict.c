@@ -150,6 +150,16 @@ static bool evict_window(cap_client_t *c, uint64_t bytes) {
   return ok;
 }
 
+/* Device bytes in use now, and the iteration's and the job's peaks. */
+void cap__note_peak(cap_client_t *c) {
+  uint64_t used = cap__dev_in_use(c->dev);
+  atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
+  if (used > c->it.peak_bytes)
+    c->it.peak_bytes = used;
+  if (used > atomic_load_explicit(&c->ctr.peak_bytes, memory_order_relaxed))
+    atomic_store_explicit(&c->ctr.peak_bytes, used, memory_order_relaxed);
+}
+
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
   for (;;) {
     int rc = cap__dev_alloc(c->dev, bytes, p);

@@ -705,3 +705,20 @@ void cap__reporter_stop(cap_client_t *c) {
   close(c->wake_fd[1]);
   c->wake_fd[0] = c->wake_fd[1] = -1;
 }
+
+void cap__decl_upto(cap_client_t *c, uint32_t upto) {
+  for (; c->decl_next <= upto && c->decl_next < c->n_tensors; c->decl_next++) {
+    const cap__tensor_t *t = &c->tensors[c->decl_next];
+    if (!cap__rec_decl(c, c->decl_next, t->bytes, t->kind))
+      c->it.dropped_records++;
+  }
+}
+
+void cap__iter_errors_free(cap__iter_errors_t *e) {
+  while (e) {
+    cap__iter_errors_t *next = e->next;
+    free(e->failed);
+    free(e);
+    e = next;
+  }
+}
