@@ -210,16 +210,15 @@ static bool budget_allows(const cap_bfc_t *a, size_t rounded) {
   return !a->cfg.budget_bytes || a->st.in_use_bytes + rounded <= a->cfg.budget_bytes;
 }
 
-/* Take a new arena big enough for `rounded`. 0, CAP_EBUDGET when the arena
- * limit leaves no room, or the source's error. */
-static int grow(cap_bfc_t *a, size_t rounded) {
+/* Take a new arena big enough for `rounded` within `limit` arena bytes (0:
+ * none). 0, CAP_EBUDGET when the limit leaves no room, or the source's
+ * error. */
+static int grow(cap_bfc_t *a, size_t rounded, uint64_t limit) {
   uint64_t want = a->next_arena_bytes;
   if (want < rounded)
     want = rounded;
-  if (a->cfg.arena_limit_bytes) {
-    uint64_t left = a->cfg.arena_limit_bytes > a->st.arena_bytes
-                        ? a->cfg.arena_limit_bytes - a->st.arena_bytes
-                        : 0;
+  if (limit) {
+    uint64_t left = limit > a->st.arena_bytes ? limit - a->st.arena_bytes : 0;
     left &= ~(uint64_t)(CAP_BFC_GRANULE - 1);
     if (left < rounded)
       return CAP_EBUDGET;
@@ -347,7 +346,9 @@ void cap_bfc_destroy(cap_bfc_t *a) {
   free(a);
 }
 
-int cap_bfc_alloc(cap_bfc_t *a, size_t bytes, void **ptr) {
+/* beyond_limit: when no free chunk fits, take an arena of just the request
+ * even past the arena limit (the bytes in use still keep to the budget). */
+static int alloc(cap_bfc_t *a, size_t bytes, void **ptr, bool beyond_limit) {
   if (!a || !ptr || bytes == 0 || bytes > SIZE_MAX / 2)
     return CAP_EINVAL;
   size_t rounded = round_up(bytes);
@@ -360,13 +361,20 @@ int cap_bfc_alloc(cap_bfc_t *a, size_t bytes, void **ptr) {
   }
   chunk *c = best_fit(a, rounded);
   if (!c) {
-    rc = grow(a, rounded);
+    uint64_t limit = a->cfg.arena_limit_bytes;
+    if (beyond_limit && limit)
+      limit = a->st.arena_bytes + rounded;
+    rc = grow(a, rounded, limit);
     if (rc) {
       if (rc == CAP_EBUDGET) {
         a->st.budget_failures++;
         a->st.fragmentation_failures++;
       }
       goto out_unlock;
+    }
+    if (beyond_limit && a->st.arena_bytes > a->cfg.arena_limit_bytes) {
+      a->st.overflow_arenas++;
+      a->st.overflow_bytes += rounded;
     }
     c = best_fit(a, rounded);
   }
@@ -407,6 +415,14 @@ int cap_bfc_alloc(cap_bfc_t *a, size_t bytes, void **ptr) {
 out_unlock:
   pthread_mutex_unlock(&a->mu);
   return rc;
+}
+
+int cap_bfc_alloc(cap_bfc_t *a, size_t bytes, void **ptr) {
+  return alloc(a, bytes, ptr, false);
+}
+
+int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, void **ptr) {
+  return alloc(a, bytes, ptr, true);
 }
 
 int cap_bfc_free(cap_bfc_t *a, void *ptr) {

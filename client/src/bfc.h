@@ -79,6 +79,8 @@ typedef struct cap_bfc_stats {
   uint64_t fragmentation_failures; /* of those: in-use budget had room but
                                       no chunk fit and arenas could not grow */
   uint64_t source_failures;     /* arena requests the source refused */
+  uint64_t overflow_arenas;     /* arenas taken past the arena limit */
+  uint64_t overflow_bytes;      /* ... and their bytes */
 } cap_bfc_stats_t;
 
 typedef struct cap_bfc cap_bfc_t;
@@ -125,6 +127,12 @@ bool cap_bfc_fits(cap_bfc_t *a, size_t bytes);
 int cap_bfc_find_window(cap_bfc_t *a, size_t bytes,
                         uint32_t (*weight)(void *ctx, const void *ptr),
                         void *ctx, void **out, size_t max_out);
+
+/* As cap_bfc_alloc, but when no free chunk fits and the arena limit leaves
+ * no room, take one more arena of just the request past the limit (the
+ * bytes in use still keep to the budget). For an allocation that must not
+ * fail for fragmentation alone, after everything movable was moved. */
+int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, void **ptr);
 
 /* Change the budget (and the arena limit with it unless one was configured).
  * Lowering it below the bytes in use is allowed: allocations fail until

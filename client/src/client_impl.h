@@ -93,6 +93,9 @@ void cap__dev_close(cap__dev_t *d); /* NULL: no-op */
 void cap__dev_fault_alloc(cap__dev_t *d, uint32_t nth, bool sticky);
 /* Device memory under the budget: CAP_EBUDGET when it does not fit now. */
 int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p);
+/* The budget has room but no hole does (fragmentation) and nothing more
+ * can move: take an arena of just this size past the budget's arenas. */
+int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p);
 void cap__dev_free(cap__dev_t *d, void *p);
 uint64_t cap__dev_in_use(cap__dev_t *d);
 /* Whether the bytes in use leave room for `bytes` (a failure is then

@@ -161,6 +161,10 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
   return cap_bfc_alloc(d->dev_bfc, bytes ? bytes : 1, p);
 }
 
+int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p) {
+  return cap_bfc_alloc_beyond_limit(d->dev_bfc, bytes ? bytes : 1, p);
+}
+
 void cap__dev_free(cap__dev_t *d, void *p) {
   if (p)
     cap_bfc_free(d->dev_bfc, p);

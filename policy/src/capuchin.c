@@ -474,19 +474,6 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
   return 0;
 }
 
-static int simulate(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                    cap_plan_t *plan) {
-  cap_sim_result_t r;
-  memset(&r, 0, sizeof r);
-  int rc = cap_sim_run(p, plan, &cfg->bw, &r);
-  if (rc)
-    return rc;
-  plan->predicted_iter_ns = r.iter_ns;
-  plan->predicted_peak_bytes = r.peak_bytes;
-  cap_sim_result_close(&r);
-  return 0;
-}
-
 
 /* One run of the algorithm with one set of choices; the planner runs a
  * few (see below) and keeps the best simulated plan. */
@@ -567,7 +554,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = build_plan(&c, &plan);
     if (rc)
       goto out_free;
-    rc = simulate(p, cfg, plan);
+    rc = cap__plan_predict(plan, p, &cfg->bw);
     if (rc)
       goto out_free;
     if (better(plan, best, cfg->budget_bytes)) {
@@ -597,7 +584,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
       rc = build_plan(&c, &plan);
       if (rc)
         goto out_free;
-      rc = simulate(p, cfg, plan);
+      rc = cap__plan_predict(plan, p, &cfg->bw);
       if (rc)
         goto out_free;
       if (better(plan, best, cfg->budget_bytes)) {
@@ -613,7 +600,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = build_plan(&c, &best);
     if (rc)
       goto out_free;
-    rc = simulate(p, cfg, best);
+    rc = cap__plan_predict(best, p, &cfg->bw);
     if (rc)
       goto out_free;
   }

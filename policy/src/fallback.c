@@ -21,19 +21,6 @@ static uint32_t find_action(const cap_plan_t *plan, const cap_action_key_t *k) {
   return CAP_NONE;
 }
 
-/* Simulated peak of plan, with its predictions filled in. */
-static int predict(cap_plan_t *plan, const cap_profile_t *p,
-                   const cap_bandwidth_t *bw) {
-  cap_sim_result_t r;
-  int rc = cap_sim_run(p, plan, bw, &r);
-  if (rc)
-    return rc;
-  plan->predicted_iter_ns = r.iter_ns;
-  plan->predicted_peak_bytes = r.peak_bytes;
-  cap_sim_result_close(&r);
-  return 0;
-}
-
 /* Remove the actions marked in drop[] (their list ops stay in the pool,
  * unused). */
 static void remove_marked(cap_plan_t *plan, const uint8_t *drop) {
@@ -89,7 +76,7 @@ int cap_plan_fall_back(cap_plan_t *plan, const cap_profile_t *p,
    * theirs) still produce it; make the plan explicit again all the same */
   if ((rc = cap__plan_make_explicit(next, p, NULL)) ||
       (rc = cap_plan_validate(next, p, NULL, 0)) ||
-      (rc = predict(next, p, &cfg->bw)))
+      (rc = cap__plan_predict(next, p, &cfg->bw)))
     goto out;
   if (next->predicted_peak_bytes > plan->budget_bytes &&
       next->predicted_peak_bytes > plan->predicted_peak_bytes) {
@@ -103,7 +90,7 @@ int cap_plan_fall_back(cap_plan_t *plan, const cap_profile_t *p,
           next->actions[i].prefetch_tensor = CAP_NONE;
           next->actions[i].prefetch_access = 0;
         }
-    if ((rc = predict(next, p, &cfg->bw)))
+    if ((rc = cap__plan_predict(next, p, &cfg->bw)))
       goto out;
   }
   next->version = plan->version + 1;

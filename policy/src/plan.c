@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "capuchin/error.h"
+#include "planners.h"
 
 cap_plan_t *cap_plan_create(const char *policy, uint64_t budget_bytes) {
   cap_plan_t *plan = calloc(1, sizeof *plan);
@@ -104,9 +105,28 @@ int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
                            uint32_t n_ops) {
   if (!plan || tensor == CAP_NONE || evict_after == 0 || (n_ops && !ops))
     return CAP_EINVAL;
-  if (n_ops > UINT32_MAX - plan->n_recompute_ops)
+  int rc = grow_actions(plan);
+  if (rc)
+    return rc;
+  uint32_t off;
+  if ((rc = cap__plan_append_ops(plan, ops, n_ops, &off)))
+    return rc;
+  cap_action_t *a = &plan->actions[plan->n_actions++];
+  memset(a, 0, sizeof *a);
+  a->tensor = tensor;
+  a->evict_after_access = evict_after;
+  a->method = CAP_METHOD_RECOMPUTE;
+  a->prefetch_tensor = CAP_NONE;
+  a->recompute_off = off;
+  a->n_recompute = n_ops;
+  return 0;
+}
+
+int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
+                         uint32_t *off) {
+  if (n > UINT32_MAX - plan->n_recompute_ops)
     return CAP_ENOMEM;
-  uint32_t need = plan->n_recompute_ops + n_ops;
+  uint32_t need = plan->n_recompute_ops + n;
   if (need > plan->cap_recompute_ops) {
     uint64_t cap = plan->cap_recompute_ops ? plan->cap_recompute_ops : 64;
     while (cap < need)
@@ -119,20 +139,9 @@ int cap_plan_add_recompute(cap_plan_t *plan, uint32_t tensor,
     plan->recompute_ops = r;
     plan->cap_recompute_ops = (uint32_t)cap;
   }
-  int rc = grow_actions(plan);
-  if (rc)
-    return rc;
-  cap_action_t *a = &plan->actions[plan->n_actions++];
-  memset(a, 0, sizeof *a);
-  a->tensor = tensor;
-  a->evict_after_access = evict_after;
-  a->method = CAP_METHOD_RECOMPUTE;
-  a->prefetch_tensor = CAP_NONE;
-  a->recompute_off = plan->n_recompute_ops;
-  a->n_recompute = n_ops;
-  if (n_ops)
-    memcpy(plan->recompute_ops + plan->n_recompute_ops, ops,
-           (size_t)n_ops * sizeof *ops);
+  if (n)
+    memcpy(plan->recompute_ops + plan->n_recompute_ops, ops, (size_t)n * sizeof *ops);
+  *off = plan->n_recompute_ops;
   plan->n_recompute_ops = need;
   return 0;
 }

@@ -190,25 +190,12 @@ static int run_list(walk_t *w, uint32_t ai, uint32_t back_op,
 
 static int set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
                     uint32_t n) {
-  uint32_t need = plan->n_recompute_ops + n;
-  if (n > UINT32_MAX - plan->n_recompute_ops)
-    return CAP_ENOMEM;
-  if (need > plan->cap_recompute_ops) {
-    uint64_t cap = plan->cap_recompute_ops ? plan->cap_recompute_ops : 64;
-    while (cap < need)
-      cap *= 2;
-    if (cap > UINT32_MAX)
-      cap = UINT32_MAX;
-    uint32_t *r = realloc(plan->recompute_ops, (size_t)cap * sizeof *r);
-    if (!r)
-      return CAP_ENOMEM;
-    plan->recompute_ops = r;
-    plan->cap_recompute_ops = (uint32_t)cap;
-  }
-  memcpy(plan->recompute_ops + plan->n_recompute_ops, ops, n * sizeof *ops);
-  plan->actions[ai].recompute_off = plan->n_recompute_ops;
+  uint32_t off;
+  int rc = cap__plan_append_ops(plan, ops, n, &off);
+  if (rc)
+    return rc;
+  plan->actions[ai].recompute_off = off;
   plan->actions[ai].n_recompute = n;
-  plan->n_recompute_ops = need;
   return 0;
 }
 

@@ -36,6 +36,18 @@ static const cap__planner_fn planner_fns[] = {
     cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
 };
 
+int cap__plan_predict(cap_plan_t *plan, const cap_profile_t *p,
+                      const cap_bandwidth_t *bw) {
+  cap_sim_result_t r;
+  int rc = cap_sim_run(p, plan, bw, &r);
+  if (rc)
+    return rc;
+  plan->predicted_iter_ns = r.iter_ns;
+  plan->predicted_peak_bytes = r.peak_bytes;
+  cap_sim_result_close(&r);
+  return 0;
+}
+
 int cap_plan_compute(const cap_profile_t *p, const char *planner,
                      const cap_plan_config_t *cfg, cap_plan_t **out) {
   if (!out)
@@ -74,13 +86,9 @@ int cap_plan_compute(const cap_profile_t *p, const char *planner,
     rc = cap_plan_validate(plan, p, NULL, 0);
   if (rc)
     goto out_destroy;
-  cap_sim_result_t r;
-  rc = cap_sim_run(p, plan, &cfg->bw, &r);
+  rc = cap__plan_predict(plan, p, &cfg->bw);
   if (rc)
     goto out_destroy;
-  plan->predicted_iter_ns = r.iter_ns;
-  plan->predicted_peak_bytes = r.peak_bytes;
-  cap_sim_result_close(&r);
   *out = plan;
   return plan->predicted_peak_bytes <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
 

@@ -81,6 +81,17 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
                  uint32_t evict_op, uint32_t back_op, const uint8_t *gone,
                  uint32_t max_ops);
 
+/* Append n op seqs to the plan's pool of recompute lists; *off is where
+ * they start (plan.c). */
+int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
+                         uint32_t *off);
+
+/* Simulate plan on p and make its predicted_iter_ns and
+ * predicted_peak_bytes the simulator's (planner.c). 0 or cap_sim_run's
+ * error, the plan unchanged then. */
+int cap__plan_predict(cap_plan_t *plan, const cap_profile_t *p,
+                      const cap_bandwidth_t *bw);
+
 /* Mend a plan so that every recompute list runs exactly as written
  * (cap_plan_walk): a swapped-out source gets its prefetch issued at the
  * back-access that needs it, a list lacking another source is rebuilt from

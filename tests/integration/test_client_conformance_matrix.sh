@@ -10,8 +10,7 @@
 #   CAP_CONFORMANCE_TRACES   trace names (default: every bundled trace)
 #   CAP_CONFORMANCE_SCALE    replay clock scale (default 0.1)
 set -uo pipefail
-bin=${CAP_BIN_DIR:?}
-src=${CAP_SOURCE_DIR:?}
+. "$(dirname "$0")/daemon.bash"
 budgets=${CAP_CONFORMANCE_BUDGETS:-80 60 50 40 30}
 scale=${CAP_CONFORMANCE_SCALE:-0.1}
 if [ -n "${CAP_CONFORMANCE_TRACES:-}" ]; then
@@ -19,25 +18,8 @@ if [ -n "${CAP_CONFORMANCE_TRACES:-}" ]; then
 else
   traces=$(cd "$src/tests/data/traces" && ls *.trace | sed 's/\.trace$//')
 fi
-tmp=$(mktemp -d)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+start_daemon
 
-"$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info \
-  2>"$tmp/d.log" &
-dpid=$!
-for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && break; sleep 0.1; done
-[ -S "$tmp/d.sock" ] || { echo "capuchind did not start"; cat "$tmp/d.log"; exit 1; }
-
-field() { # line, name
-  printf '%s\n' "$1" | sed -n "s/.*\"$2\":\\(\"[^\"]*\"\\|[-0-9.]*\\).*/\\1/p" | tr -d '"'
-}
-
-fail=0
 table="trace"
 for b in $budgets; do table="$table | $b %"; done
 table="$table"$'\n'

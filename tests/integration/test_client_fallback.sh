@@ -6,25 +6,8 @@
 # the error with the iteration (capuchin-query iterations) and pushes a
 # plan version that swaps it.
 set -uo pipefail
-bin=${CAP_BIN_DIR:?}
-src=${CAP_SOURCE_DIR:?}
-tmp=$(mktemp -d)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail=0
-check() { # message, condition status
-  if [ "$2" -ne 0 ]; then echo "FAIL: $1"; fail=1; else echo "ok   $1"; fi
-}
-
-"$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info \
-  2>"$tmp/d.log" &
-dpid=$!
-for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && break; sleep 0.1; done
-[ -S "$tmp/d.sock" ] || { echo "capuchind did not start"; cat "$tmp/d.log"; exit 1; }
+. "$(dirname "$0")/daemon.bash"
+start_daemon
 
 "$bin/capuchin-replay" --trace "$src/tests/data/traces/resnet50.trace" \
   --budget 40% --iterations 5 --socket "$tmp/d.sock" \

@@ -6,33 +6,8 @@
 # prediction for the plan in force (the daemon's capuchin-sim prediction,
 # carried in the Plan). Then: --no-daemon runs passive with zero mismatches.
 set -uo pipefail
-bin=${CAP_BIN_DIR:?}
-src=${CAP_SOURCE_DIR:?}
-for t in capuchind capuchin-replay; do
-  [ -x "$bin/$t" ] || { echo "FAIL: $bin/$t is missing (it is part of the build)"; exit 1; }
-done
-tmp=$(mktemp -d)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail=0
-check() { # message, condition status
-  if [ "$2" -ne 0 ]; then echo "FAIL: $1"; fail=1; else echo "ok   $1"; fi
-}
-
-"$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info \
-  2>"$tmp/d.log" &
-dpid=$!
-for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && break; sleep 0.1; done
-[ -S "$tmp/d.sock" ] || { echo "capuchind did not start"; cat "$tmp/d.log"; exit 1; }
-
-# One JSON object per line between "[" and "]": pull fields with awk.
-field() { # line, name
-  printf '%s\n' "$1" | sed -n "s/.*\"$2\":\\(\"[^\"]*\"\\|[-0-9.]*\\).*/\\1/p" | tr -d '"'
-}
+. "$(dirname "$0")/daemon.bash"
+start_daemon
 
 replay_checks() { # model scale iterations
   local model=$1 scale=$2 n=$3

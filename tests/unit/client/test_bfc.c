@@ -270,6 +270,38 @@ static void test_fragmentation_failure(void) {
   cap_bfc_destroy(a);
 }
 
+/* The same fragmentation, relieved past the arena limit: one more arena of
+ * just the request, the bytes in use still within the budget. */
+static void test_beyond_arena_limit(void) {
+  fake_src f;
+  fake_init(&f);
+  cap_bfc_t *a = make(&f, 16384, 16384, 0);
+  REQUIRE(a);
+  void *p[4], *o, *q;
+  for (int i = 0; i < 4; i++)
+    REQUIRE(cap_bfc_alloc(a, 4096, &p[i]) == 0);
+  CHECK_EQ(cap_bfc_free(a, p[0]), 0);
+  CHECK_EQ(cap_bfc_free(a, p[2]), 0);
+  CHECK_EQ(cap_bfc_alloc(a, 8192, &o), CAP_EBUDGET);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 8192, &o), 0);
+  cap_bfc_stats_t st;
+  cap_bfc_stats(a, &st);
+  CHECK_EQ(st.arenas, 2);
+  CHECK_EQ(st.arena_bytes, 16384 + 8192);
+  CHECK_EQ(st.overflow_arenas, 1);
+  CHECK_EQ(st.overflow_bytes, 8192);
+  CHECK_EQ(st.in_use_bytes, 16384);
+  /* never past the budget itself */
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 256, &q), CAP_EBUDGET);
+  /* a free chunk that fits is used, no arena taken */
+  CHECK_EQ(cap_bfc_free(a, p[1]), 0);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 4096, &q), 0);
+  cap_bfc_stats(a, &st);
+  CHECK_EQ(st.arenas, 2);
+  CHECK_EQ(cap_bfc_validate(a), 0);
+  cap_bfc_destroy(a);
+}
+
 /* Fragmentation relief: 8 chunks of 1 KiB, the odd ones free (4 KiB free,
  * none bigger than 1 KiB). A 3 KiB request needs one in-use chunk freed
  * between two free ones; a pinned chunk (not movable) bounds the run. */
@@ -614,6 +646,7 @@ int main(void) {
   RUN_TEST(test_split_threshold);
   RUN_TEST(test_budget);
   RUN_TEST(test_fragmentation_failure);
+  RUN_TEST(test_beyond_arena_limit);
   RUN_TEST(test_find_window);
   RUN_TEST(test_growth_and_trim);
   RUN_TEST(test_source_failure);
