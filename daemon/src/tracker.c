@@ -347,9 +347,12 @@ int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
       if (*name == UINT32_MAX &&
           (rc = intern(t, b->names[b->op_name[i]], name, err, err_len)) != 0)
         goto out;
+      /* A batch whose ops name no tensor has no tensors array at all:
+       * NULL + 0 is undefined behaviour (UBSan aborts on it). */
+      const uint32_t *ten = b->tensors ? b->tensors + off : NULL;
       if ((rc = add_op(t, b->op_seq[i], b->op_start_ns[i], b->op_end_ns[i],
-                       *name, b->tensors + off, n_in,
-                       b->tensors + off + n_in, n_out, err, err_len)))
+                       *name, ten, n_in, ten ? ten + n_in : NULL, n_out, err,
+                       err_len)))
         goto out;
       off += (size_t)n_in + n_out;
     }

@@ -210,7 +210,6 @@ static void test_bystander_keeps_running_guided(void) {
   /* The bystander ran to the end, guided, with no mismatch. */
   CHECK(waitpid(replay, &st, 0) == replay);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  size_t len = 0;
   FILE *f = fopen(out, "r");
   REQUIRE(f != NULL);
   char line[2048];
@@ -220,7 +219,6 @@ static void test_bystander_keeps_running_guided(void) {
     if (!strstr(line, "\"iteration\""))
       continue;
     n++;
-    len += strlen(line);
     long long mm = field(line, "mismatches"), er = field(line, "errors");
     long long b = field(line, "budget_bytes");
     if (mm != 0 || er != 0)
