@@ -658,6 +658,51 @@ static uint64_t peak_floor(const cap_profile_t *p, const cap_plan_config_t *cfg)
   return best;
 }
 
+/* The greedy books a swap's memory as freed once its copy out ends; when
+ * that is after the ops that need the room (the op after the
+ * evicted-access is shorter than the copy), no choice is left to cover
+ * them and the plan misses the budget. A swap whose next op may not start
+ * before its copy ends (CAP_ACTION_SYNC_OUT: a stall, an exposed swap)
+ * frees the memory in time. Try that on the late swap-outs first, then on
+ * the others, keeping each one that lowers the simulated peak, until the plan fits. */
+#define RESCUE_MAX_TRIES 64u
+
+static int rescue_late_swap_outs(const cap_profile_t *p,
+                                 const cap_plan_config_t *cfg,
+                                 cap_plan_t *plan) {
+  uint32_t tries = 0;
+  for (uint32_t pass = 0; pass < 2; pass++) {
+    for (uint32_t i = 0; i < plan->n_actions && tries < RESCUE_MAX_TRIES &&
+                         plan->predicted_peak_bytes > cfg->budget_bytes;
+         i++) {
+      cap_action_t *a = &plan->actions[i];
+      if (a->method != CAP_METHOD_SWAP || (a->flags & CAP_ACTION_SYNC_OUT))
+        continue;
+      uint64_t bytes = p->tensors[a->tensor].bytes;
+      uint32_t op = cap_profile_access_op(p, a->tensor, a->evict_after_access);
+      /* late: the copy outlasts the op after the evicted-access; pass 0
+       * takes those, pass 1 any swap */
+      int64_t out_end = p->ops[op].end_ns + cap_copy_ns(bytes, cfg->bw.d2h_gbps);
+      bool late = op + 2 >= p->n_ops || out_end > p->ops[op + 2].start_ns;
+      if (pass == 0 && !late)
+        continue;
+      tries++;
+      uint64_t peak = plan->predicted_peak_bytes;
+      int64_t iter = plan->predicted_iter_ns;
+      a->flags |= CAP_ACTION_SYNC_OUT;
+      int rc = cap__plan_predict(plan, p, &cfg->bw);
+      if (rc)
+        return rc;
+      if (plan->predicted_peak_bytes >= peak) { /* no help: undo */
+        a->flags &= ~CAP_ACTION_SYNC_OUT;
+        plan->predicted_peak_bytes = peak;
+        plan->predicted_iter_ns = iter;
+      }
+    }
+  }
+  return 0;
+}
+
 int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
                        cap_plan_t **out) {
   if (!p || !cfg || !out || !p->finished)
@@ -700,6 +745,8 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
         best->predicted_iter_ns <= free_iter)
       break;
   }
+  if (!rc && best->predicted_peak_bytes > cfg->budget_bytes)
+    rc = rescue_late_swap_outs(p, cfg, best);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cap_test.h"
+#include "capuchin/trace.h"
 #include "capuchin/error.h"
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
@@ -288,6 +289,56 @@ static void test_bad_arguments(void) {
   cap_profile_destroy(p);
 }
 
+/* A swap-out that outlasts the op after its evicted-access: a1 (8 MiB, the
+ * copy takes 152 us) leaves after op1, op2 lasts 39 us, and op3 needs the
+ * room. The greedy books the swap's memory from op4 on and has nothing left
+ * for op3; a swap whose next op waits for its copy (CAP_ACTION_SYNC_OUT)
+ * fits. (The install test's consumer model under load; 23 of 200 random
+ * timings of it found no plan before.) */
+static void test_late_swap_out_fits(void) {
+  static const char trace[] =
+      "capuchin-trace 1\n"
+      "meta model=consumer\n"
+      "tensor 0 1048576 param\n"
+      "tensor 1 8388608 activation\n"
+      "tensor 2 8388608 activation\n"
+      "tensor 3 8388608 activation\n"
+      "tensor 4 8388608 activation\n"
+      "tensor 5 1048576 activation\n"
+      "tensor 6 1048576 activation\n"
+      "op 0 1000 145040 aten::mul 0 1\n"
+      "op 1 146040 3092610 aten::mul 1 2\n"
+      "op 2 3093610 3132441 aten::relu_ 2 2\n"
+      "op 3 3133441 4250027 aten::mul 2 3\n"
+      "op 4 4250027 9016016 aten::mul 3 4\n"
+      "op 5 9017016 12196906 aten::mul 4 5\n"
+      "op 6 13172306 13207758 aten::mul 5,1 6\n"
+      "free 4250518 2\n"
+      "free 9017442 3\n"
+      "free 12198160 4\n"
+      "free 13207858 1\n"
+      "free 13207858 5\n"
+      "free 13207858 6\n";
+  cap_profile_t *p = NULL;
+  char err[256];
+  REQUIRE(cap_trace_parse(trace, sizeof trace - 1, "late", &p, err,
+                          sizeof err) == 0);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 20 * 1048576);
+  cap_plan_t *plan = NULL;
+  CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), 0);
+  REQUIRE(plan);
+  CHECK(plan->predicted_peak_bytes <= cfg.budget_bytes);
+  bool sync = false;
+  for (uint32_t i = 0; i < plan->n_actions; i++)
+    sync |= plan->actions[i].tensor == 1 &&
+            (plan->actions[i].flags & CAP_ACTION_SYNC_OUT);
+  CHECK(sync);
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), 0);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 int main(void) {
   RUN_TEST(test_fits_unmanaged);
   RUN_TEST(test_swap_hidden);
@@ -298,5 +349,6 @@ int main(void) {
   RUN_TEST(test_persistent_only_when_allowed);
   RUN_TEST(test_release_lingering_gradient);
   RUN_TEST(test_bad_arguments);
+  RUN_TEST(test_late_swap_out_fits);
   return TEST_SUMMARY();
 }
