@@ -45,13 +45,17 @@ check "--budget 1%: the smallest feasible budget is named" $?
 n=$(grep -c '"iteration"' "$tmp/inf.json")
 [ "$n" -lt 6 ]; check "--budget 1%: stops once told ($n of 6 iterations)" $?
 grep -q "no plan fits budget" "$tmp/d.log"; check "daemon logs the infeasible budget" $?
-# The number is one a plan fits: capuchin-sim agrees.
+# The number is the smallest peak the planner reaches on the job's own
+# measured iteration, whose op times are the client's (slower under the
+# sanitizers, so more copies hide and the number is lower): capuchin-sim on
+# the trace's times must reach a peak of the same size, within a third.
 min=$(sed -n 's/.*smallest feasible budget is \([0-9]*\) bytes.*/\1/p' "$tmp/inf.err" | head -n 1)
-if [ -x "$bin/capuchin-sim" ] && [ -n "$min" ]; then
-  "$bin/capuchin-sim" --trace "$trace" --budget "$min" --policy capuchin \
+if [ -n "$min" ]; then
+  "$bin/capuchin-sim" --trace "$trace" --budget 1% --policy capuchin \
     >"$tmp/sim.out" 2>&1
-  grep -q "^capuchin *yes" "$tmp/sim.out"
-  check "capuchin-sim finds a plan within $min bytes" $?
+  sim=$(sed -n 's/.*smallest feasible peak found is \([0-9]*\) bytes.*/\1/p' "$tmp/sim.out" | head -n 1)
+  [ -n "$sim" ] && awk -v a="$min" -v b="$sim" 'BEGIN { d = (a - b) / b; exit !(d > -0.34 && d < 0.34) }'
+  check "capuchin-sim's smallest peak on the trace ($sim) is near the daemon's ($min)" $?
 fi
 
 # One session holds the only slot; a second replay is refused and says so.
