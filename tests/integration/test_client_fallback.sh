@@ -19,13 +19,18 @@ cat "$tmp/out"
 grep -Eq '^     first error: op [0-9]+: .*recompute of tensor [0-9]+: the callback failed on op [0-9]+ aten\.' "$tmp/out"
 check "the iteration table names the op, the tensor and the reason" $?
 [ "$(grep -c '(errors)' "$tmp/out")" -eq 1 ]; check "one iteration had an error" $?
-grep -q '1 fallbacks' "$tmp/out"; check "the action fell back" $?
+grep -Eq ' [1-9][0-9]* fallbacks' "$tmp/out"; check "the action fell back" $?
 
 # The daemon was told, kept the error with the iteration, and swapped it.
 for _ in $(seq 50); do grep -q 'swapped instead' "$tmp/d.log" && break; sleep 0.1; done
 grep -q 'plan actions could not be carried out and are swapped instead' "$tmp/d.log"
 check "the daemon heard of the failed action" $?
-"$bin/capuchin-query" --db "$tmp/d.db" --format json iterations 1 >"$tmp/it.json"
+# The daemon writes iteration rows through its store queue: wait for them.
+for _ in $(seq 100); do
+  "$bin/capuchin-query" --db "$tmp/d.db" --format json iterations 1 >"$tmp/it.json" 2>/dev/null
+  [ "$(grep -c '"iteration"' "$tmp/it.json")" -ge 5 ] && break
+  sleep 0.1
+done
 grep -Eq '"op_errors": 1, "error": "op [0-9]+ .*the callback failed' "$tmp/it.json"
 check "capuchin-query iterations shows the error" $?
 [ "$(grep -c '"op_errors": 1' "$tmp/it.json")" -eq 1 ]; check "exactly one iteration stored an error" $?
