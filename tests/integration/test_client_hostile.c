@@ -15,14 +15,6 @@
 #include "capuchin/trace.h"
 #include "testclient.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 #define N_NAMES 4000
 #define NAME_LEN 4095
 #define N_FLOOD 100000u
@@ -54,40 +46,6 @@ static int names_batch(tc_t *c, uint32_t seq, uint32_t n_ops) {
   b.op_name = nm;
   b.op_n_in = b.op_n_out = z;
   return tc_send_msg(c, &b);
-}
-
-static void flood(const char *sock) {
-  tc_t c;
-  tc_welcome_t w;
-  tc_hello_args_t ha = {.job = "hostile-flood", .budget_bytes = 1u << 30};
-  if (tc_connect(&c, sock) != 0 || tc_hello(&c, &ha, &w, 20000) != 0)
-    _exit(2);
-  size_t cap = (size_t)N_FLOOD * 48, len = 0;
-  uint8_t *buf = malloc(cap);
-  for (uint32_t i = 1; i <= N_FLOOD; i++) {
-    Capuchin__IterationEnd e = CAPUCHIN__ITERATION_END__INIT;
-    e.has_iteration = e.has_iter_ns = e.has_peak_bytes = e.has_bytes_out =
-        e.has_bytes_in = e.has_stall_ns = e.has_measured = e.has_incomplete =
-            e.has_mode = 1;
-    e.iteration = i;
-    e.iter_ns = 1000;
-    e.mode = CAPUCHIN__MODE__MODE_PASSIVE;
-    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
-    cap_proto_envelope_set(&env, &e);
-    uint8_t *f = NULL;
-    size_t n = 0;
-    if (cap_frame_encode_alloc(&env, 0, &f, &n) != 0 || len + n > cap)
-      _exit(3);
-    memcpy(buf + len, f, n);
-    len += n;
-    free(f);
-  }
-  if (tc_send_raw(&c, buf, len) != 0)
-    _exit(4);
-  Capuchin__Bye bye = CAPUCHIN__BYE__INIT;
-  tc_send_msg(&c, &bye);
-  tc_wait_closed(&c, 600000);
-  _exit(0);
 }
 
 /* JSON field of one line ("name":value). */
@@ -148,7 +106,7 @@ static void test_bystander_keeps_running_guided(void) {
   pid_t fl = fork();
   REQUIRE(fl >= 0);
   if (fl == 0)
-    flood(d.sock);
+    tc_flood_iteration_ends(d.sock, "hostile-flood", N_FLOOD);
 
   /* (2) Silent connections and one that stops mid-frame. */
   tc_t silent[N_SILENT], mid;
@@ -203,7 +161,7 @@ static void test_bystander_keeps_running_guided(void) {
          "while the hostile client ran, %llu KiB after it left\n",
          (unsigned long long)base, (unsigned long long)peak,
          (unsigned long long)after);
-#ifndef UNDER_ASAN /* ASan keeps freed memory in quarantine */
+#ifndef TC_UNDER_ASAN /* ASan keeps freed memory in quarantine */
   CHECK(after <= base + base / 10);
 #endif
 

@@ -4,31 +4,8 @@
 # daemon is back (on the same socket and database), where its model signature
 # gets it the stored plan without measuring again.
 set -uo pipefail
-bin=${CAP_BIN_DIR:?}
-src=${CAP_SOURCE_DIR:?}
-for t in capuchind capuchin-replay; do
-  [ -x "$bin/$t" ] || { echo "FAIL: $bin/$t is missing (it is part of the build)"; exit 1; }
-done
-tmp=$(mktemp -d)
-dpid=
-rpid=
-cleanup() {
-  [ -n "$rpid" ] && kill "$rpid" 2>/dev/null
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail=0
-check() { if [ "$2" -ne 0 ]; then echo "FAIL: $1"; fail=1; else echo "ok   $1"; fi; }
+. "$(dirname "$0")/daemon.bash"
 
-start_daemon() {
-  rm -f "$tmp/d.sock"
-  "$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info \
-    2>>"$tmp/d.log" &
-  dpid=$!
-  for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && return 0; sleep 0.1; done
-  echo "capuchind did not start"; cat "$tmp/d.log"; exit 1
-}
 wait_lines() { # pattern count timeout_s
   for _ in $(seq $(($3 * 10))); do
     [ "$(grep -c "$1" "$tmp/out" 2>/dev/null)" -ge "$2" ] && return 0
@@ -44,6 +21,7 @@ n=12
   --budget 50% --iterations $n --socket "$tmp/d.sock" --time-scale 10 \
   >"$tmp/out" 2>"$tmp/err" &
 rpid=$!
+stop_also "$rpid"
 wait_lines ' guided ' 1 300; check "guided before the kill" $?
 kill -9 "$dpid"; wait "$dpid" 2>/dev/null; dpid=
 guided_before=$(grep -c ' guided ' "$tmp/out")

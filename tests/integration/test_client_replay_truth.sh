@@ -8,31 +8,10 @@
 #   as "unreachable": the replay says what the daemon said.
 # - Paths in its error messages keep their leading '/'.
 set -uo pipefail
-bin=${CAP_BIN_DIR:?}
-src=${CAP_SOURCE_DIR:?}
-for t in capuchind capuchin-replay; do
-  [ -x "$bin/$t" ] || { echo "skip: $t not built"; exit 77; }
-done
-tmp=$(mktemp -d)
-dpid=
-bg=
-cleanup() {
-  [ -n "$bg" ] && kill "$bg" 2>/dev/null && wait "$bg" 2>/dev/null
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail=0
-check() { # message, condition status
-  if [ "$2" -ne 0 ]; then echo "FAIL: $1"; fail=1; else echo "ok   $1"; fi
-}
+. "$(dirname "$0")/daemon.bash"
 trace=$src/tests/data/traces/resnet50.trace
 
-"$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info \
-  --max-sessions 1 2>"$tmp/d.log" &
-dpid=$!
-for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && break; sleep 0.1; done
-[ -S "$tmp/d.sock" ] || { echo "capuchind did not start"; cat "$tmp/d.log"; exit 1; }
+start_daemon --max-sessions 1
 
 # Defect 6.
 "$bin/capuchin-replay" --trace "$trace" --budget 1% --iterations 6 \
@@ -63,6 +42,7 @@ fi
 "$bin/capuchin-replay" --trace "$trace" --budget 100% --iterations 40 \
   --socket "$tmp/d.sock" --time-scale 20 >"$tmp/first.out" 2>&1 &
 bg=$!
+stop_also "$bg"
 for _ in $(seq 100); do grep -q "welcomed" "$tmp/d.log" 2>/dev/null && \
   [ "$(grep -c welcomed "$tmp/d.log")" -ge 2 ] && break; sleep 0.1; done
 "$bin/capuchin-replay" --trace "$trace" --budget 100% --iterations 1 \

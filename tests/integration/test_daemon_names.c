@@ -9,14 +9,6 @@
 #include "cap_test.h"
 #include "testclient.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 #define N_NAMES 4000
 #define NAME_LEN 4095 /* the frame decoder's longest name */
 
@@ -71,18 +63,6 @@ static int send_batch(tc_t *c, uint32_t first, uint32_t n_ops,
 
 /* Alive and reading: an ack of a plan never sent is answered with an
  * Error that says so (and the session is closed). */
-static bool answers(tc_t *c) {
-  Capuchin__PlanAck m = CAPUCHIN__PLAN_ACK__INIT;
-  m.has_version = 1;
-  m.version = 5;
-  if (tc_send_msg(c, &m) != 0)
-    return false;
-  Capuchin__Envelope *env = tc_wait(c, CAPUCHIN__ENVELOPE__MSG_ERROR, 20000);
-  if (env)
-    tc_release(c, env);
-  return env && strstr(c->last_error, "was never sent");
-}
-
 
 static void test_unused_names_cost_nothing(void) {
   tc_daemon_t d;
@@ -110,7 +90,7 @@ static void test_unused_names_cost_nothing(void) {
     if (r > peak)
       peak = r;
   }
-  CHECK(answers(&c)); /* twenty batches taken, the session is alive */
+  CHECK(tc_session_answers(&c)); /* twenty batches taken, the session is alive */
   uint64_t during = tc_rss_kb(d.pid);
   if (during > peak)
     peak = during;
@@ -131,7 +111,7 @@ static void test_unused_names_cost_nothing(void) {
          (unsigned long long)after);
   /* One frame (16 MB) may be buffered and unpacked at a time; the names
    * themselves (20 x 16 MB before) must not stay. */
-#ifndef UNDER_ASAN /* ASan keeps freed memory in quarantine */
+#ifndef TC_UNDER_ASAN /* ASan keeps freed memory in quarantine */
   CHECK(peak < base + 80 * 1024);
   CHECK(after <= base + base / 10);
 #endif
@@ -176,7 +156,7 @@ static void test_used_names_count_against_the_quota(void) {
   REQUIRE(tc_connect(&c, d.sock) == 0);
   REQUIRE(tc_hello(&c, &ha, &wel, 20000) == 0);
   CHECK(send_batch(&c, 0, 1000, 1000) == 0);
-  CHECK(answers(&c));
+  CHECK(tc_session_answers(&c));
   tc_close(&c);
   for (int i = 0; i < N_NAMES; i++)
     names[i][16] = 'x';

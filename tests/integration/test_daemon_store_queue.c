@@ -15,42 +15,6 @@
 
 #define N_FRAMES 300000u
 
-/* The flooding client (a child process): Hello, then N_FRAMES unmanaged
- * IterationEnds written as fast as the socket takes them, then Bye. */
-static void flood(const char *sock) {
-  tc_t c;
-  tc_welcome_t w;
-  tc_hello_args_t ha = {.job = "flood", .budget_bytes = 1u << 30};
-  if (tc_connect(&c, sock) != 0 || tc_hello(&c, &ha, &w, 20000) != 0)
-    _exit(2);
-  size_t cap = (size_t)N_FRAMES * 48, len = 0;
-  uint8_t *buf = malloc(cap);
-  for (uint32_t i = 1; i <= N_FRAMES; i++) {
-    Capuchin__IterationEnd e = CAPUCHIN__ITERATION_END__INIT;
-    e.has_iteration = e.has_iter_ns = e.has_peak_bytes = e.has_bytes_out =
-        e.has_bytes_in = e.has_stall_ns = e.has_measured = e.has_incomplete =
-            e.has_mode = 1;
-    e.iteration = i;
-    e.iter_ns = 1000;
-    e.mode = CAPUCHIN__MODE__MODE_PASSIVE;
-    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
-    cap_proto_envelope_set(&env, &e);
-    uint8_t *f = NULL;
-    size_t n = 0;
-    if (cap_frame_encode_alloc(&env, 0, &f, &n) != 0 || len + n > cap)
-      _exit(3);
-    memcpy(buf + len, f, n);
-    len += n;
-    free(f);
-  }
-  if (tc_send_raw(&c, buf, len) != 0)
-    _exit(4);
-  Capuchin__Bye bye = CAPUCHIN__BYE__INIT;
-  tc_send_msg(&c, &bye);
-  tc_wait_closed(&c, 600000);
-  _exit(0);
-}
-
 static long long count_rows(const char *db, const char *job) {
   sqlite3 *h = NULL;
   long long n = -1;
@@ -76,7 +40,7 @@ static void test_flood_does_not_delay_hello(void) {
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0)
-    flood(d.sock);
+    tc_flood_iteration_ends(d.sock, "flood", N_FRAMES);
   /* Let the flood get going: the daemon has read a good part of it. */
   for (int i = 0; i < 100 && !tc_daemon_log_contains(&d, "'flood' welcomed");
        i++)

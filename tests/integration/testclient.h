@@ -97,6 +97,23 @@ static cap_plan_t *tc_wait_plan(tc_t *c, int timeout_ms);
 static uint64_t tc_now_ms(void);
 /* VmRSS of a process in KiB (/proc/PID/status), 0 when unknown. */
 static uint64_t tc_rss_kb(pid_t pid);
+/* In a forked child: Hello as `job`, then n unmanaged IterationEnd frames
+ * written as fast as the socket takes them, Bye, and _exit (0, or 2-4 when
+ * a step failed). */
+static void tc_flood_iteration_ends(const char *sock, const char *job,
+                                    uint32_t n);
+/* Whether the daemon still serves this session: an ack of a plan version
+ * it never sent gets its Error. */
+static bool tc_session_answers(tc_t *c);
+
+/* ASan keeps freed memory in quarantine: RSS checks do not hold under it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TC_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TC_UNDER_ASAN 1
+#endif
+#endif
 
 #include "testclient_impl.h"
 

@@ -451,3 +451,50 @@ static TC_UNUSED cap_plan_t *tc_wait_plan(tc_t *c, int timeout_ms) {
   tc_release(c, env);
   return plan;
 }
+
+static TC_UNUSED void tc_flood_iteration_ends(const char *sock, const char *job,
+                                              uint32_t n_frames) {
+  tc_t c;
+  tc_welcome_t w;
+  tc_hello_args_t ha = {.job = job, .budget_bytes = 1u << 30};
+  if (tc_connect(&c, sock) != 0 || tc_hello(&c, &ha, &w, 20000) != 0)
+    _exit(2);
+  size_t cap = (size_t)n_frames * 48, len = 0;
+  uint8_t *buf = malloc(cap);
+  for (uint32_t i = 1; i <= n_frames; i++) {
+    Capuchin__IterationEnd e = CAPUCHIN__ITERATION_END__INIT;
+    e.has_iteration = e.has_iter_ns = e.has_peak_bytes = e.has_bytes_out =
+        e.has_bytes_in = e.has_stall_ns = e.has_measured = e.has_incomplete =
+            e.has_mode = 1;
+    e.iteration = i;
+    e.iter_ns = 1000;
+    e.mode = CAPUCHIN__MODE__MODE_PASSIVE;
+    Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
+    cap_proto_envelope_set(&env, &e);
+    uint8_t *f = NULL;
+    size_t n = 0;
+    if (cap_frame_encode_alloc(&env, 0, &f, &n) != 0 || len + n > cap)
+      _exit(3);
+    memcpy(buf + len, f, n);
+    len += n;
+    free(f);
+  }
+  if (tc_send_raw(&c, buf, len) != 0)
+    _exit(4);
+  Capuchin__Bye bye = CAPUCHIN__BYE__INIT;
+  tc_send_msg(&c, &bye);
+  tc_wait_closed(&c, 600000);
+  _exit(0);
+}
+
+static TC_UNUSED bool tc_session_answers(tc_t *c) {
+  Capuchin__PlanAck m = CAPUCHIN__PLAN_ACK__INIT;
+  m.has_version = 1;
+  m.version = 5;
+  if (tc_send_msg(c, &m) != 0)
+    return false;
+  Capuchin__Envelope *env = tc_wait(c, CAPUCHIN__ENVELOPE__MSG_ERROR, 20000);
+  if (env)
+    tc_release(c, env);
+  return env && strstr(c->last_error, "was never sent");
+}
