@@ -198,11 +198,12 @@ static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
   }
 }
 
+#ifndef NDEBUG
 /* Where an access may leave a tensor: on the device when it succeeds;
  * when it fails, still where its data is (on the host after a failed
  * swap-in, dropped or lost after a failed recompute, untouched when no
  * memory could be found). */
-static inline bool transition_ok(uint8_t from, uint8_t to, int rc) {
+static bool transition_ok(uint8_t from, uint8_t to, int rc) {
   if (rc == 0)
     return to == CAP__T_DEVICE;
   switch (from) {
@@ -218,6 +219,7 @@ static inline bool transition_ok(uint8_t from, uint8_t to, int rc) {
     return to == from || to == CAP__T_DEVICE;
   }
 }
+#endif
 
 int cap__ensure_resident(cap_client_t *c, uint32_t id, bool is_output) {
   uint8_t from = c->tensors[id].state;

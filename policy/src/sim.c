@@ -75,7 +75,6 @@ typedef struct {
   uint32_t action;   /* action of the current eviction, CAP_NONE if none */
   uint32_t temp_gen; /* == sim.list_gen while a temporary replay output */
   uint8_t state;
-  uint8_t busy;      /* recompute list of its action running (cycle guard) */
 } tens_t;
 
 enum { DIR_D2H = 0, DIR_H2D = 1 };
@@ -324,11 +323,9 @@ static void note_late(sim_t *s, uint32_t action, int64_t late) {
     pf->late_ns = late;
 }
 
-static int64_t run_list(sim_t *s, uint32_t action, int64_t t);
-
 /* Make tensor id usable by a computation ready at time t; returns when it is.
- * Swapped-out tensors come back on demand (if no prefetch was issued),
- * dropped ones are recomputed through their action. */
+ * Swapped-out tensors come back on demand (if no prefetch was issued);
+ * dropped ones were recomputed by their lists before (cap_plan_walk). */
 static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
   tens_t *tt = &s->t[id];
   switch (tt->state) {
@@ -351,10 +348,9 @@ static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
     advance_to(s, t);
     return t;
   }
-  case T_DROPPED:
-    return run_list(s, tt->action, t);
-  case T_RELEASED:
-    s->err = CAP_EINVAL; /* accessed after its last access */
+  case T_DROPPED:  /* never restored implicitly */
+  case T_RELEASED: /* accessed after its last access */
+    s->err = CAP_EINVAL;
     return t;
   default:
     return t;
@@ -364,15 +360,7 @@ static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
 static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
   const cap_action_t *a = &s->plan->actions[action];
   tens_t *owner = &s->t[a->tensor];
-  if (owner->busy) {
-    s->err = CAP_EINVAL; /* recompute lists that need each other */
-    return t;
-  }
-  owner->busy = 1;
-  /* Temporaries of an enclosing list stay marked by their generation. */
-  uint32_t saved_gen = s->list_gen;
-  uint32_t saved_temps = s->n_temps;
-  s->list_gen++;
+  s->list_gen++; /* lists do not nest: each marks its temporaries anew */
   const uint32_t *ops = cap_action_recompute_ops(s->plan, a);
   for (uint32_t k = 0; k < a->n_recompute && !s->err; k++) {
     const cap_op_t *o = &s->p->ops[ops[k]];
@@ -427,13 +415,11 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
     s->out->recompute_ns += dur;
   }
   advance_to(s, t);
-  for (uint32_t i = saved_temps; i < s->n_temps; i++) {
+  for (uint32_t i = 0; i < s->n_temps; i++) {
     s->t[s->temps[i]].temp_gen = 0;
     t_release(s, s->temps[i], t);
   }
-  s->n_temps = saved_temps;
-  s->list_gen = saved_gen;
-  owner->busy = 0;
+  s->n_temps = 0;
   if (owner->state == T_DROPPED) /* the list did not produce it */
     s->err = CAP_EINVAL;
   return t;
