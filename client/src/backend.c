@@ -94,6 +94,10 @@ int cap_backend_create(const cap_backend_config_t *cfg, cap_backend_t **out) {
     c.sim_duplex_gbps = CAP_BACKEND_DEFAULT_DUPLEX_GBPS;
   if (c.sim_device_bytes == 0)
     c.sim_device_bytes = CAP_BACKEND_DEFAULT_SIM_DEVICE_BYTES;
+  if (!c.sim_device_uuid || !c.sim_device_uuid[0])
+    c.sim_device_uuid = getenv("CAPUCHIN_SIM_DEVICE_UUID");
+  if (!c.sim_device_uuid || !c.sim_device_uuid[0])
+    c.sim_device_uuid = CAP_BACKEND_DEFAULT_SIM_UUID;
   cap_backend_t *b = calloc(1, sizeof *b);
   if (!b)
     return CAP_ENOMEM;

@@ -70,6 +70,9 @@ typedef struct cap_event cap_event_t;
 #define CAP_BACKEND_DEFAULT_H2D_GBPS 55.1
 #define CAP_BACKEND_DEFAULT_D2H_GBPS 55.1
 #define CAP_BACKEND_DEFAULT_DUPLEX_GBPS 85.8
+/* Every sim device is this one unless configured otherwise, so that sim
+ * jobs on one machine share a budget as they always did. */
+#define CAP_BACKEND_DEFAULT_SIM_UUID "SIM-00000000-0000-0000-0000-000000000000"
 /* Every device and host allocation is aligned to this many bytes. */
 #define CAP_BACKEND_ALIGN 256u
 
@@ -85,6 +88,9 @@ typedef struct cap_backend_config {
   double sim_h2d_gbps;         /* GB/s = bytes per trace ns (55.1) */
   double sim_d2h_gbps;         /* (55.1) */
   double sim_duplex_gbps;      /* both directions at once, total (85.8) */
+  const char *sim_device_uuid; /* the device's identity (NULL:
+                                  $CAPUCHIN_SIM_DEVICE_UUID, else
+                                  CAP_BACKEND_DEFAULT_SIM_UUID) */
   /* cuda only: skip the bandwidth probe at open (then the bandwidths read
    * 0 in cap_backend_info); the probe takes well under a second. */
   bool skip_bandwidth_probe;
@@ -93,6 +99,7 @@ typedef struct cap_backend_config {
 typedef struct cap_backend_info {
   char backend[8];        /* "sim" or "cuda" */
   char device_name[128];  /* "NVIDIA H100 80GB HBM3", "sim" */
+  char device_uuid[64];   /* as nvidia-smi prints it: "GPU-6a0f3c2e-..." */
   int device_index;
   uint64_t total_bytes;   /* device memory */
   double h2d_gbps;        /* measured (cuda) or configured (sim), GB/s */

@@ -102,6 +102,18 @@ static bool cuda_available(void) {
  * thread that may not have (cheap when it already is). */
 static int use(cu *c) { return CK(cudaSetDevice(c->device)); }
 
+/* The 16 bytes of cudaDeviceProp.uuid as nvidia-smi -L prints them
+ * ("GPU-" then 8-4-4-4-12 hex digits): the identity that holds across
+ * CUDA_VISIBLE_DEVICES renumbering and containers. */
+static void format_uuid(const char b[16], char *out, size_t len) {
+  const unsigned char *u = (const unsigned char *)b;
+  snprintf(out, len,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x",
+           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+           u[11], u[12], u[13], u[14], u[15]);
+}
+
 /* Time `reps` copies of n bytes each way and both at once, with timing
  * events; GB/s figures (bytes per ns). */
 static int probe_bandwidth(cu *c, cap_backend_info_t *info) {
@@ -215,6 +227,7 @@ static int cuda_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, 
     goto out_close;
   snprintf(info->device_name, sizeof info->device_name, "%.127s", prop.name);
   info->total_bytes = prop.totalGlobalMem;
+  format_uuid(prop.uuid.bytes, info->device_uuid, sizeof info->device_uuid);
   info->device_index = c->device;
   info->time_scale = 1.0;
   c->sm_count = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;

@@ -347,6 +347,8 @@ static int sim_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, v
     s->eng[i].started = true;
   }
   snprintf(info->device_name, sizeof info->device_name, "sim");
+  snprintf(info->device_uuid, sizeof info->device_uuid, "%s",
+           cfg->sim_device_uuid);
   info->total_bytes = s->capacity;
   info->h2d_gbps = cfg->sim_h2d_gbps;
   info->d2h_gbps = cfg->sim_d2h_gbps;

@@ -595,6 +595,35 @@ uint64_t cap_bfc_trim(cap_bfc_t *a) {
   return freed;
 }
 
+int cap_bfc_emptiest_arena(cap_bfc_t *a, void **out, size_t max_out) {
+  if (!a || (!out && max_out))
+    return CAP_EINVAL;
+  pthread_mutex_lock(&a->mu);
+  arena *best = NULL;
+  uint64_t best_used = UINT64_MAX;
+  for (arena *ar = a->arenas; ar; ar = ar->next) {
+    uint64_t used = 0;
+    for (chunk *c = ar->first; c; c = c->next)
+      used += c->in_use ? c->bytes : 0;
+    if (used < best_used) {
+      best = ar;
+      best_used = used;
+    }
+  }
+  int n = best ? 0 : CAP_ENOENT;
+  for (chunk *c = best ? best->first : NULL; c; c = c->next) {
+    if (!c->in_use)
+      continue;
+    if ((size_t)n == max_out) {
+      n = CAP_ENOENT;
+      break;
+    }
+    out[n++] = (void *)c->addr;
+  }
+  pthread_mutex_unlock(&a->mu);
+  return n;
+}
+
 void cap_bfc_stats(cap_bfc_t *a, cap_bfc_stats_t *st) {
   memset(st, 0, sizeof *st);
   if (!a)

@@ -142,6 +142,12 @@ void cap_bfc_set_budget(cap_bfc_t *a, uint64_t budget_bytes);
 /* Give every completely free arena back to the source; returns bytes freed. */
 uint64_t cap_bfc_trim(cap_bfc_t *a);
 
+/* The live allocations of the arena with the fewest bytes in use, written
+ * to out in address order: what must be freed before cap_bfc_trim can give
+ * that arena back. Returns their count (0: the arena is free already), or
+ * CAP_ENOENT when there is no arena or it holds more than max_out. */
+int cap_bfc_emptiest_arena(cap_bfc_t *a, void **out, size_t max_out);
+
 void cap_bfc_stats(cap_bfc_t *a, cap_bfc_stats_t *st);
 void cap_bfc_reset_peak(cap_bfc_t *a);
 

@@ -117,6 +117,8 @@ int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
     goto out_ring;
   snprintf(c->backend, sizeof c->backend, "%s", info.backend);
   snprintf(c->device_name, sizeof c->device_name, "%s", info.device_name);
+  snprintf(c->device_uuid, sizeof c->device_uuid, "%s", info.device_uuid);
+  c->device_index = info.device_index;
   c->device_total_bytes = info.total_bytes;
   c->h2d_gbps = info.h2d_gbps;
   c->d2h_gbps = info.d2h_gbps;
@@ -373,11 +375,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
       pthread_mutex_unlock(&c->mu);
     }
   }
-  if (budget && budget != c->budget_bytes) {
-    c->budget_bytes = budget;
-    atomic_store(&c->ctr.budget_bytes, budget);
-    cap__dev_set_budget(c->dev, budget);
-  }
+  if (budget && budget != c->budget_bytes)
+    cap__put_budget(c, budget);
   if (c->x.plan)
     c->mode = CAP_MODE_GUIDED;
   else if (!c->no_daemon && connected && !c->measured_done)

@@ -80,6 +80,8 @@ typedef struct cap__ev cap__ev_t; /* a copy's completion event */
 typedef struct cap__dev_info {
   char backend[16];
   char device_name[128];
+  char device_uuid[64];
+  int device_index;
   uint64_t total_bytes;
   double h2d_gbps, d2h_gbps, duplex_gbps;
 } cap__dev_info_t;
@@ -98,6 +100,14 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p);
 int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p);
 void cap__dev_free(cap__dev_t *d, void *p);
 uint64_t cap__dev_in_use(cap__dev_t *d);
+/* Device memory the job holds: its arenas, in use or not. */
+uint64_t cap__dev_held(cap__dev_t *d);
+/* Give the arenas nothing is allocated in back to the device; returns the
+ * bytes still held. */
+uint64_t cap__dev_trim(cap__dev_t *d);
+/* The allocations that keep the emptiest arena from going back
+ * (cap_bfc_emptiest_arena). */
+int cap__dev_emptiest_arena(cap__dev_t *d, void **out, size_t max_out);
 /* Whether the bytes in use leave room for `bytes` (a failure is then
  * fragmentation, not the budget). */
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);
@@ -263,6 +273,8 @@ struct cap_client {
   cap__dev_t *dev;
   char backend[16];
   char device_name[128];
+  char device_uuid[64];
+  int device_index;
   uint64_t device_total_bytes;
   double h2d_gbps, d2h_gbps, duplex_gbps;
 
@@ -348,6 +360,9 @@ struct cap_client {
   uint32_t pending_session;    /* session pending_plan came from (0: none,
                                   loaded with cap__client_load_plan) */
   uint32_t session;            /* sessions welcomed so far (reporter) */
+  uint32_t budget_changes;     /* budgets put in force so far, and the last */
+  uint64_t ack_budget;         /* one's bytes and the device bytes held */
+  uint64_t ack_held;           /* then, for the BudgetAck (reporter.c) */
   bool session_lost;           /* connection dropped since last begin */
   int wake_fd[2];              /* owner -> reporter wake pipe */
   struct rep *rep;             /* reporter state (reporter.c) */
@@ -421,6 +436,10 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync);
 /* Allocate device memory, making room when over budget (may_evict: by
  * swapping out least recently used tensors synchronously). */
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
+/* Put a budget from the daemon in force (owner thread, between
+ * iterations): on a cut, give device memory back down to it, evicting what
+ * must go; then tell the reporter what is held (BudgetAck). */
+void cap__put_budget(cap_client_t *c, uint64_t budget);
 /* Record the device bytes in use now in the iteration's and job's peaks. */
 void cap__note_peak(cap_client_t *c);
 

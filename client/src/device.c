@@ -45,6 +45,7 @@ int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
   bc.sim_h2d_gbps = cfg->sim_h2d_gbps;
   bc.sim_d2h_gbps = cfg->sim_d2h_gbps;
   bc.sim_duplex_gbps = cfg->sim_duplex_gbps;
+  bc.sim_device_uuid = cfg->sim_device_uuid;
   cap__dev_t *d = calloc(1, sizeof *d);
   if (!d)
     return CAP_ENOMEM;
@@ -90,6 +91,9 @@ int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
   snprintf(info->backend, sizeof info->backend, "%s", d->info->backend);
   snprintf(info->device_name, sizeof info->device_name, "%s",
            d->info->device_name);
+  snprintf(info->device_uuid, sizeof info->device_uuid, "%s",
+           d->info->device_uuid);
+  info->device_index = d->info->device_index;
   info->total_bytes = d->info->total_bytes;
   info->h2d_gbps = d->info->h2d_gbps;
   info->d2h_gbps = d->info->d2h_gbps;
@@ -122,7 +126,10 @@ int cap__dev_set_budget(cap__dev_t *d, uint64_t bytes) {
   bool whole = !bytes || bytes >= d->info->total_bytes;
   if (whole)
     bytes = d->info->total_bytes;
-  cap_bfc_set_budget(d->dev_bfc, bytes);
+  /* Rounded down to the granule, so that the arenas, which the budget also
+   * limits (rounded up), never pass it: a cut is confirmed by the bytes held. */
+  uint64_t granules = bytes & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  cap_bfc_set_budget(d->dev_bfc, granules ? granules : CAP_BFC_GRANULE);
   /* Take the budget's arena now and touch it once, so that the measured
    * iteration's op times are not inflated by first-touch page faults (sim)
    * or cudaMalloc calls (cuda). Best effort: failure leaves growth lazy. */
@@ -174,6 +181,21 @@ uint64_t cap__dev_in_use(cap__dev_t *d) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
   return st.in_use_bytes;
+}
+
+uint64_t cap__dev_held(cap__dev_t *d) {
+  cap_bfc_stats_t st;
+  cap_bfc_stats(d->dev_bfc, &st);
+  return st.arena_bytes;
+}
+
+uint64_t cap__dev_trim(cap__dev_t *d) {
+  cap_bfc_trim(d->dev_bfc);
+  return cap__dev_held(d);
+}
+
+int cap__dev_emptiest_arena(cap__dev_t *d, void **out, size_t max_out) {
+  return cap_bfc_emptiest_arena(d->dev_bfc, out, max_out);
 }
 
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes) {

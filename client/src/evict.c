@@ -203,3 +203,55 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
     return CAP_EBUDGET;
   }
 }
+
+/* --- A budget cut ------------------------------------------------------------
+ * Another job on the device waits for what a cut takes from this one (the
+ * daemon hands it over once told, BudgetAck), so a cut must give device
+ * memory back, not only cap what is allocated next. Free arenas go back
+ * first; while the job still holds more than its budget, the tensors in the
+ * emptiest arena are swapped out (as PyTorch's allocator frees its cached
+ * blocks, but evicting what it must) and that arena goes back too. */
+
+static uint32_t device_owner(const cap_client_t *c, const void *ptr) {
+  for (uint32_t i = 0; i < c->n_tensors; i++)
+    if (c->tensors[i].state == CAP__T_DEVICE && c->tensors[i].dev == ptr)
+      return c->tensors[i].pinned ? CAP_NONE : i;
+  return CAP_NONE;
+}
+
+static uint64_t give_back(cap_client_t *c, uint64_t budget) {
+  cap__reap(c, true); /* swap-outs in flight hold their memory until done */
+  uint64_t held = cap__dev_trim(c->dev);
+  size_t max = (size_t)c->n_tensors + 1;
+  void **ptrs = malloc(max * sizeof *ptrs);
+  while (ptrs && held > budget) {
+    int n = cap__dev_emptiest_arena(c->dev, ptrs, max);
+    for (int i = 0; i < n; i++) {
+      uint32_t id = device_owner(c, ptrs[i]);
+      if (id == CAP_NONE || cap__swap_out(c, id, CAP_NONE, true) != 0)
+        goto out; /* what cannot move keeps its arena */
+    }
+    uint64_t now = cap__dev_trim(c->dev);
+    if (n <= 0 || now >= held)
+      break;
+    held = now;
+  }
+out:
+  free(ptrs);
+  return cap__dev_held(c->dev);
+}
+
+void cap__put_budget(cap_client_t *c, uint64_t budget) {
+  bool cut = budget < c->budget_bytes;
+  c->budget_bytes = budget;
+  atomic_store(&c->ctr.budget_bytes, budget);
+  cap__dev_set_budget(c->dev, budget);
+  uint64_t held = cut ? give_back(c, budget) : cap__dev_held(c->dev);
+  atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
+  pthread_mutex_lock(&c->mu);
+  c->budget_changes++;
+  c->ack_budget = budget;
+  c->ack_held = held;
+  pthread_mutex_unlock(&c->mu);
+  cap__reporter_wake(c);
+}

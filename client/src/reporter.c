@@ -142,6 +142,8 @@ typedef struct rep {
   int64_t next_try_ms;
   uint32_t connects;
   uint32_t acked;
+  bool budget_acks;        /* the daemon asked for BudgetAck */
+  uint32_t budget_acked;   /* budget_changes of the last one sent */
   uint32_t op_buf_cap;
   uint32_t *op_buf;
   bool want_close;
@@ -246,7 +248,7 @@ static void rep_try_connect(rep_t *r) {
   h.has_pid = 1;
   h.pid = (uint32_t)getpid();
   h.has_device_index = 1;
-  h.device_index = 0;
+  h.device_index = (uint32_t)c->device_index;
   h.device_name = c->device_name[0] ? c->device_name : c->backend;
   h.has_device_total_bytes = 1;
   h.device_total_bytes = c->device_total_bytes ? c->device_total_bytes : 1;
@@ -265,6 +267,9 @@ static void rep_try_connect(rep_t *r) {
   }
   h.has_persistent_bytes = 1;
   h.persistent_bytes = atomic_load(&c->ctr.persistent_bytes);
+  if (c->device_uuid[0])
+    h.device_uuid = c->device_uuid;
+  h.has_acks_budget = h.acks_budget = 1;
   if (rep_queue_msg(r, &h) < 0) {
     rep_disconnect(r, "hello");
     return;
@@ -280,6 +285,8 @@ static void rep_handle(rep_t *r, Capuchin__Envelope *env) {
   switch (env->msg_case) {
   case CAPUCHIN__ENVELOPE__MSG_WELCOME: {
     r->welcomed = true;
+    r->budget_acks = env->welcome->has_wants_budget_ack &&
+                     env->welcome->wants_budget_ack;
     if (r->connects++ > 0)
       atomic_fetch_add(&c->ctr.reconnects, 1);
     pthread_mutex_lock(&c->mu);
@@ -582,6 +589,26 @@ static void rep_drain(rep_t *r) {
   atomic_store_explicit(&ring->tail, tail, memory_order_release);
 }
 
+/* Tell the daemon the budget in force and the device bytes held under it,
+ * once per change, so that it can give what this job gave back to another
+ * (proto: BudgetAck). */
+static void rep_ack_budget(rep_t *r) {
+  cap_client_t *c = r->c;
+  if (!r->budget_acks)
+    return;
+  Capuchin__BudgetAck ba = CAPUCHIN__BUDGET_ACK__INIT;
+  pthread_mutex_lock(&c->mu);
+  uint32_t changes = c->budget_changes;
+  ba.budget_bytes = c->ack_budget;
+  ba.device_bytes = c->ack_held;
+  pthread_mutex_unlock(&c->mu);
+  if (changes == r->budget_acked || !ba.budget_bytes)
+    return;
+  ba.has_budget_bytes = ba.has_device_bytes = 1;
+  if (rep_queue_msg(r, &ba) == 0)
+    r->budget_acked = changes;
+}
+
 static void *rep_main(void *arg) {
   rep_t *r = arg;
   cap_client_t *c = r->c;
@@ -605,6 +632,7 @@ static void *rep_main(void *arg) {
         if (rep_queue_msg(r, &pa) == 0)
           r->acked = ack;
       }
+      rep_ack_budget(r);
     }
     rep_flush_out(r);
     struct pollfd pf[2];

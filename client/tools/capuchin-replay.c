@@ -5,7 +5,8 @@
  *   capuchin-replay --trace FILE [--iterations N] [--budget BYTES|N%]
  *                   [--socket PATH] [--backend sim|cuda] [--time-scale X]
  *                   [--no-daemon] [--json] [--verify sample|full]
- *                   [--job NAME] [--fail-recompute N] [--fail-alloc N]
+ *                   [--job NAME] [--device-uuid UUID] [--fail-recompute N]
+ *                   [--fail-alloc N]
  *
  * Each op "runs" for its measured duration (sim: on the backend clock,
  * scaled by X: wall time = trace time * X; cuda: a kernel). Every tensor is
@@ -73,7 +74,8 @@ static void usage(FILE *f) {
           "                       [--socket PATH] [--backend sim|cuda] "
           "[--time-scale X]\n"
           "                       [--no-daemon] [--json] [--verify "
-          "sample|full] [--job NAME]\n");
+          "sample|full] [--job NAME]\n"
+          "                       [--device-uuid UUID]\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -323,13 +325,13 @@ static int run_iteration(replay_t *r, row_t *row) {
 
 int main(int argc, char **argv) {
   const char *trace = NULL, *budget_s = NULL, *socket = NULL, *backend = NULL,
-             *job = NULL, *verify = "sample";
+             *job = NULL, *verify = "sample", *device_uuid = NULL;
   uint64_t iterations = 6;
   double scale = 1.0;
   bool no_daemon = false, json = false;
   int fail_recompute = 0, fail_alloc = 0;
   enum { O_TRACE = 1, O_ITER, O_BUDGET, O_SOCKET, O_BACKEND, O_SCALE, O_NODAEMON,
-         O_JSON, O_VERIFY, O_JOB, O_FAILREC, O_FAILALLOC, O_HELP };
+         O_JSON, O_VERIFY, O_JOB, O_UUID, O_FAILREC, O_FAILALLOC, O_HELP };
   static const struct option opts[] = {
       {"trace", required_argument, 0, O_TRACE},
       {"iterations", required_argument, 0, O_ITER},
@@ -341,6 +343,7 @@ int main(int argc, char **argv) {
       {"json", no_argument, 0, O_JSON},
       {"verify", required_argument, 0, O_VERIFY},
       {"job", required_argument, 0, O_JOB},
+      {"device-uuid", required_argument, 0, O_UUID},
       {"fail-recompute", required_argument, 0, O_FAILREC},
       {"fail-alloc", required_argument, 0, O_FAILALLOC},
       {"help", no_argument, 0, O_HELP},
@@ -397,6 +400,9 @@ int main(int argc, char **argv) {
       break;
     case O_JOB:
       job = optarg;
+      break;
+    case O_UUID:
+      device_uuid = optarg;
       break;
     case O_FAILREC:
       if (parse_u64(optarg, &v) < 0 || v > 1000000)
@@ -466,6 +472,7 @@ int main(int argc, char **argv) {
   cfg.budget_bytes = budget;
   cfg.backend = backend;
   cfg.time_scale = scale;
+  cfg.sim_device_uuid = device_uuid;
   cfg.no_daemon = no_daemon;
   {
     /* Swaps need about what the unmanaged peak exceeds the budget by. */

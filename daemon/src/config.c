@@ -52,6 +52,10 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   /* A client sends Hello as it connects, and every frame in one write. */
   cfg->handshake_timeout_ms = 10000;
   cfg->idle_timeout_ms = 60000;
+  /* A cut is confirmed at the job's next iteration boundary: a training
+   * iteration takes well under a second, a job between phases (evaluation,
+   * a checkpoint) may take longer. */
+  cfg->budget_ack_timeout_ms = 30000;
   cfg->max_queued_store_rows = 1024;
   cfg->db_mode = 0600;
   cfg->bw_tolerance = 0.2;
@@ -251,7 +255,8 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
     return 0;
   }
   if (strcmp(key, "handshake-timeout-ms") == 0 ||
-      strcmp(key, "idle-timeout-ms") == 0) {
+      strcmp(key, "idle-timeout-ms") == 0 ||
+      strcmp(key, "budget-ack-timeout-ms") == 0) {
     NUM(86400000);
     if (u < 10) {
       snprintf(err, err_len, "%s: must be at least 10 ms", key);
@@ -259,8 +264,10 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
     }
     if (key[0] == 'h')
       cfg->handshake_timeout_ms = (uint32_t)u;
-    else
+    else if (key[0] == 'i')
       cfg->idle_timeout_ms = (uint32_t)u;
+    else
+      cfg->budget_ack_timeout_ms = (uint32_t)u;
     return 0;
   }
   if (strcmp(key, "max-queued-store-rows") == 0) {

@@ -229,6 +229,7 @@ struct cap__session {
   uint32_t hello_pid;
   uint32_t device_index;
   char device_name[256];
+  char device_uuid[128]; /* "" for a client too old to send it */
   uint64_t device_total_bytes;
   bool claim_ignored; /* device_total_bytes disagrees (logged once) */
   uint64_t requested_budget;
@@ -236,6 +237,11 @@ struct cap__session {
   uint64_t hello_persistent;
   uint64_t hello_signature;
   cap_bandwidth_t bw;
+  /* Budget cuts and their confirmation (budget.c). */
+  bool acks_budget;        /* the client confirms cuts (BudgetAck) */
+  bool hello_deferred;     /* registration waits for a cut on the device */
+  uint64_t trim_to;        /* a cut not confirmed yet: bytes, 0 none */
+  uint64_t trim_deadline_ms; /* loop time the others stop waiting for it */
 
   int64_t job_id, session_id;
   cap__tracker_t tracker;
@@ -308,8 +314,22 @@ void cap__session_unref(cap__session_t *s);
  * iterations sends nothing and needs no keep-alive). Loop thread; from a
  * timer (server.c). */
 void cap__daemon_sweep(cap_daemon_t *d);
-/* Recompute budget shares of the device s is on; push changes. */
+/* "session 7 (job 'x' pid 42)", for log lines. */
+const char *cap__session_who(const cap__session_t *s, char *buf, size_t len);
+
+/* --- Shared budgets of a device's sessions (budget.c) ---------------------- */
+/* Recompute the budget shares of the device s is on and push the changes:
+ * cuts at once, growth only when no cut on the device waits for its
+ * confirmation; then start the registration of the newcomers that waited
+ * for one (hello_deferred). Loop thread. */
 void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *s);
+/* s says it holds device_bytes under budget_bytes (BudgetAck): the cut it
+ * confirms, if any, no longer holds the others back. */
+void cap__budget_on_ack(cap__session_t *s, uint64_t budget_bytes,
+                        uint64_t device_bytes);
+/* Stop waiting for cuts not confirmed within budget-ack-timeout-ms. Loop
+ * thread; from the sweep timer. */
+void cap__budget_sweep(cap_daemon_t *d);
 
 /* Open store and set up state without sockets (tests, fuzzer). */
 int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,

@@ -586,6 +586,8 @@ static void after_cb(uv_work_t *req, int status) {
     w.job_id = (uint64_t)t->job_id;
     w.budget_bytes = s->granted_budget;
     w.plan_reused = t->plan != NULL;
+    w.has_wants_budget_ack = s->acks_budget;
+    w.wants_budget_ack = s->acks_budget;
     Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
     cap_proto_envelope_set(&env, &w);
     s->state = CAP__S_ACTIVE;

@@ -739,11 +739,14 @@ int cap_daemon_run(cap_daemon_t *d, int handle_signals) {
     d->probing = true;
   }
   {
-    /* A quarter of the shorter deadline: a session is closed at most 25 %
-     * late, and an idle daemon wakes at most once a second for it. */
+    /* A quarter of the shortest deadline: a session is closed (or stops
+     * holding the others back) at most 25 % late, and an idle daemon wakes
+     * at most once a second for it. */
     uint32_t ms = d->cfg.handshake_timeout_ms < d->cfg.idle_timeout_ms
                       ? d->cfg.handshake_timeout_ms
                       : d->cfg.idle_timeout_ms;
+    if (d->cfg.budget_ack_timeout_ms < ms)
+      ms = d->cfg.budget_ack_timeout_ms;
     ms /= 4;
     if (ms < 5)
       ms = 5;

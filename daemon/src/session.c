@@ -113,7 +113,7 @@ void cap__session_detach(cap__session_t *s) {
   cap__session_unref(s);
 }
 
-static const char *who(const cap__session_t *s, char *buf, size_t len) {
+const char *cap__session_who(const cap__session_t *s, char *buf, size_t len) {
   if (s->job_name[0])
     snprintf(buf, len, "session %" PRIu64 " (job '%s' pid %" PRIu32 ")",
              s->local_id, s->job_name, s->pid);
@@ -131,7 +131,7 @@ void cap__session_send_env(cap__session_t *s, const Capuchin__Envelope *env) {
   int rc = cap_frame_encode_alloc(env, 0, &buf, &len);
   if (rc != 0) {
     char w[320];
-    cap__log(CAP_LOG_ERROR, "%s: cannot encode %s: %s", who(s, w, sizeof w),
+    cap__log(CAP_LOG_ERROR, "%s: cannot encode %s: %s", cap__session_who(s, w, sizeof w),
              cap_frame_msg_name(env), cap_strerror(rc));
     return;
   }
@@ -139,7 +139,7 @@ void cap__session_send_env(cap__session_t *s, const Capuchin__Envelope *env) {
   if (rc == CAP_EQUOTA && s->state != CAP__S_CLOSING) {
     char w[320];
     cap__log(CAP_LOG_WARN, "%s: peer does not read its frames; closing",
-             who(s, w, sizeof w));
+             cap__session_who(s, w, sizeof w));
     close_session(s, "error: peer not reading");
   }
 }
@@ -154,7 +154,7 @@ void cap__session_fail(cap__session_t *s, int code, const char *fmt, ...) {
   va_end(ap);
   char w[320];
   cap__log(CAP_LOG_WARN, "%s: %s: %s; closing the session",
-           who(s, w, sizeof w), cap_err_name(code), msg);
+           cap__session_who(s, w, sizeof w), cap_err_name(code), msg);
   s->d->stats.protocol_errors++;
   uint8_t *buf = NULL;
   size_t len = 0;
@@ -175,7 +175,7 @@ static void close_session(cap__session_t *s, const char *status) {
     cap__log(CAP_LOG_INFO,
              "%s: left during iteration %" PRIu64 "; its %" PRIu32
              " ops are discarded, never planned from",
-             who(s, w, sizeof w), s->tracker.iteration, s->tracker.rec.n_ops);
+             cap__session_who(s, w, sizeof w), s->tracker.iteration, s->tracker.rec.n_ops);
   }
   cap__tracker_discard(&s->tracker);
   /* With a Hello in flight the job ids are not known yet; the Hello task
@@ -184,7 +184,7 @@ static void close_session(cap__session_t *s, const char *status) {
     cap__work_store_end(s->d, s->job_id, s->session_id, status);
     s->ended = true;
   }
-  cap__log(CAP_LOG_INFO, "%s: closed (%s)", who(s, w, sizeof w), status);
+  cap__log(CAP_LOG_INFO, "%s: closed (%s)", cap__session_who(s, w, sizeof w), status);
   if (s->io_ctx)
     s->io->close(s->io_ctx);
   /* The others on this device get their budgets back. */
@@ -212,7 +212,7 @@ void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
   char w[320];
   if (rc != 0) {
     cap__log(CAP_LOG_ERROR, "%s: plan %" PRId64 " cannot be sent: %s",
-             who(s, w, sizeof w), plan_id, cap_strerror(rc));
+             cap__session_who(s, w, sizeof w), plan_id, cap_strerror(rc));
     return;
   }
   Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
@@ -224,7 +224,7 @@ void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
            "%s: plan %" PRId64 " v%" PRIu32 " pushed: %" PRIu32
            " actions, budget %" PRIu64 ", predicted peak %" PRIu64
            " iter %" PRId64 " ns",
-           who(s, w, sizeof w), plan_id, plan->version, plan->n_actions,
+           cap__session_who(s, w, sizeof w), plan_id, plan->version, plan->n_actions,
            plan->budget_bytes, plan->predicted_peak_bytes,
            plan->predicted_iter_ns);
 }
@@ -294,6 +294,8 @@ static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
     }
   copy_str(s->job_name, sizeof s->job_name, h->job_name);
   copy_str(s->device_name, sizeof s->device_name, h->device_name);
+  copy_str(s->device_uuid, sizeof s->device_uuid, h->device_uuid);
+  s->acks_budget = h->has_acks_budget && h->acks_budget;
   s->hello_pid = h->pid;
   s->device_index = h->device_index;
   s->device_total_bytes = h->device_total_bytes;
@@ -309,13 +311,15 @@ static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
   cap__log(CAP_LOG_INFO,
            "%s: hello: device %" PRIu32 " '%s' (%" PRIu64
            " bytes), budget %" PRIu64 ", bandwidth %.1f/%.1f/%.1f GB/s%s",
-           who(s, w, sizeof w), s->device_index, s->device_name,
+           cap__session_who(s, w, sizeof w), s->device_index, s->device_name,
            s->device_total_bytes, s->requested_budget, s->bw.h2d_gbps,
            s->bw.d2h_gbps, s->bw.duplex_gbps,
            s->hello_signature ? ", with a model signature" : "");
-  /* Its share of the device decides the budget the Welcome grants. */
+  /* Its share of the device decides the budget the Welcome grants; the
+   * rebalance registers the Hello once no cut on the device is waiting for
+   * its job to give memory back. */
+  s->hello_deferred = true;
   cap__daemon_rebalance(s->d, s);
-  cap__work_hello(s);
 }
 
 /* Capuchin's feedback moves prefetches earlier, and an earlier prefetch
@@ -339,7 +343,7 @@ static void judge_refinement(cap__session_t *s, int64_t iter_ns) {
     cap__log(CAP_LOG_INFO,
              "%s: refined plan v%" PRIu32 " kept: %.3f ms at best against "
              "%.3f ms under v%" PRIu32,
-             who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
+             cap__session_who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
              (double)s->best_ns_before / 1e6, before->version);
     cap_plan_destroy(before);
     return;
@@ -348,7 +352,7 @@ static void judge_refinement(cap__session_t *s, int64_t iter_ns) {
            "%s: refined plan v%" PRIu32 " ran slower (%.3f ms at best against "
            "%.3f ms under v%" PRIu32 "): restoring v%" PRIu32
            "'s triggers; no more feedback refinement for this session",
-           who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
+           cap__session_who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
            (double)s->best_ns_before / 1e6, before->version, before->version);
   s->refine_off = true;
   if (s->busy != CAP__W_NONE) {
@@ -366,7 +370,7 @@ static void note_failed_actions(cap__session_t *s,
   cap__log(CAP_LOG_WARN,
            "%s: iteration %" PRIu64 ": %zu plan actions could not be carried "
            "out and are swapped instead%s%s",
-           who(s, w, sizeof w), e->iteration, e->n_failed_actions,
+           cap__session_who(s, w, sizeof w), e->iteration, e->n_failed_actions,
            e->error ? "; first error: " : "", e->error ? e->error : "");
   uint32_t n = s->n_pending_failed;
   size_t add = e->n_failed_actions;
@@ -434,7 +438,7 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     cap__log(CAP_LOG_INFO,
              "%s: iteration %" PRIu64 " incomplete (%" PRIu64
              " records dropped, %" PRIu32 " ops%s): not used for planning",
-             who(s, w, sizeof w), e->iteration, dropped, rec.n_ops,
+             cap__session_who(s, w, sizeof w), e->iteration, dropped, rec.n_ops,
              e->has_ops_over_budget && e->ops_over_budget
                  ? ", some over the budget"
                  : "");
@@ -453,7 +457,7 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     cap__log(CAP_LOG_INFO,
              "%s: measured iteration %" PRIu64 ": %" PRIu32 " ops, %" PRIu64
              " accesses, %" PRIu32 " tensors; planning",
-             who(s, w, sizeof w), e->iteration, rec.n_ops, rec.n_op_tensors,
+             cap__session_who(s, w, sizeof w), e->iteration, rec.n_ops, rec.n_op_tensors,
              rec.n_tensors);
     s->measuring_done = true;
     cap__work_measured(s, &rec, e->iter_ns, e->peak_bytes);
@@ -572,10 +576,19 @@ static void handle(cap__session_t *s, const Capuchin__Envelope *env) {
     s->acked_version = v;
     return;
   }
+  case CAPUCHIN__ENVELOPE__MSG_BUDGET_ACK:
+    if (!s->acks_budget) {
+      cap__session_fail(s, CAP_EPROTO,
+                        "budget_ack from a client that did not offer them");
+      return;
+    }
+    cap__budget_on_ack(s, env->budget_ack->budget_bytes,
+                       env->budget_ack->device_bytes);
+    return;
   case CAPUCHIN__ENVELOPE__MSG_ERROR: {
     char w[320];
     cap__log(CAP_LOG_WARN, "%s: client reports error %d: %s",
-             who(s, w, sizeof w), env->error->code,
+             cap__session_who(s, w, sizeof w), env->error->code,
              env->error->message ? env->error->message : "");
     close_session(s, "client error");
     return;
@@ -659,6 +672,7 @@ void cap__daemon_sweep(cap_daemon_t *d) {
                         d->cfg.idle_timeout_ms);
     }
   }
+  cap__budget_sweep(d);
 }
 
 void cap__session_feed(cap__session_t *s, const void *data, size_t len) {
@@ -678,103 +692,4 @@ void cap__session_feed(cap__session_t *s, const void *data, size_t len) {
     return;
   }
   drain(s);
-}
-
-/* --- Shared budgets --------------------------------------------------------- */
-
-static bool same_device(const cap__session_t *a, const cap__session_t *b) {
-  return a->device_index == b->device_index &&
-         strcmp(a->device_name, b->device_name) == 0;
-}
-
-void cap__daemon_rebalance(cap_daemon_t *d, const cap__session_t *who_) {
-  uint32_t n = 0;
-  for (cap__session_t *s = d->sessions; s; s = s->next)
-    if ((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
-        same_device(s, who_))
-      n++;
-  if (n == 0)
-    return;
-  cap__session_t **list = malloc(n * sizeof *list);
-  uint64_t *req = malloc(n * sizeof *req), *fl = malloc(n * sizeof *fl),
-           *out = malloc(n * sizeof *out), *claim = malloc(n * sizeof *claim);
-  bool *ignored = malloc(n * sizeof *ignored);
-  if (!list || !req || !fl || !out || !claim || !ignored)
-    goto out_free;
-  /* Oldest session first (the list is newest first): on a tie between
-   * claims, the job that was there first is believed. */
-  uint32_t i = n;
-  for (cap__session_t *s = d->sessions; s; s = s->next)
-    if ((s->state == CAP__S_ACTIVE || s->state == CAP__S_WELCOMING) &&
-        same_device(s, who_))
-      list[--i] = s;
-  for (i = 0; i < n; i++) {
-    cap__session_t *s = list[i];
-    req[i] = s->requested_budget;
-    fl[i] = s->profile ? s->profile->persistent_bytes : s->hello_persistent;
-    claim[i] = s->device_total_bytes;
-  }
-  /* The operator's word first; else what the clients agree on, so that no
-   * one client can shrink (or inflate) a device the others share. */
-  uint64_t capacity = who_->device_index < CAP_DAEMON_MAX_DEVICES
-                          ? d->cfg.gpu_memory_dev[who_->device_index]
-                          : 0;
-  if (!capacity)
-    capacity = d->cfg.gpu_memory_bytes;
-  if (!capacity) {
-    capacity = cap__budget_capacity(claim, n, ignored);
-    for (i = 0; i < n; i++) {
-      cap__session_t *s = list[i];
-      if (ignored[i] && !s->claim_ignored) {
-        char w[320];
-        cap__log(CAP_LOG_WARN,
-                 "%s: claims device %" PRIu32 " '%s' has %" PRIu64
-                 " bytes, far from what the other jobs on it report (%" PRIu64
-                 "); claim ignored (set gpu-memory to decide)",
-                 who(s, w, sizeof w), s->device_index, s->device_name,
-                 s->device_total_bytes, capacity);
-      }
-      s->claim_ignored = ignored[i];
-    }
-  }
-  if (capacity == 0)
-    capacity = UINT64_MAX;
-  bool cut = cap__budget_shares(req, fl, n, capacity, out);
-  for (i = 0; i < n; i++) {
-    cap__session_t *s = list[i];
-    if (out[i] == s->granted_budget)
-      continue;
-    char w[320];
-    cap__log(CAP_LOG_INFO,
-             "%s: budget %" PRIu64 " -> %" PRIu64 " (device %" PRIu32
-             " '%s': %" PRIu64 " bytes shared by %" PRIu32 " jobs%s)",
-             who(s, w, sizeof w), s->granted_budget, out[i], s->device_index,
-             s->device_name, capacity, n, cut ? "" : ", all requests fit");
-    s->granted_budget = out[i];
-    if (s->state != CAP__S_ACTIVE)
-      continue; /* the Welcome (or the Hello task) carries it */
-    cap__work_store_budget(d, s->job_id, out[i]);
-    if (s->profile) {
-      if (s->busy != CAP__W_NONE)
-        s->want_replan = true;
-      else
-        cap__work_replan(s);
-    } else {
-      Capuchin__BudgetUpdate bu = CAPUCHIN__BUDGET_UPDATE__INIT;
-      bu.has_budget_bytes = 1;
-      bu.budget_bytes = out[i];
-      bu.reason = cut ? "device shared with other jobs"
-                      : "device no longer shared";
-      Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
-      cap_proto_envelope_set(&env, &bu);
-      cap__session_send_env(s, &env);
-    }
-  }
-out_free:
-  free(list);
-  free(req);
-  free(fl);
-  free(out);
-  free(claim);
-  free(ignored);
 }

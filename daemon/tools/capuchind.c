@@ -30,6 +30,7 @@ static void usage(FILE *f) {
           "[--alloc-headroom PCT]\n"
           "                 [--max-op-names N] [--max-op-name-bytes BYTES]\n"
           "                 [--handshake-timeout-ms MS] [--idle-timeout-ms MS]\n"
+          "                 [--budget-ack-timeout-ms MS]\n"
           "                 [--max-queued-store-rows N] [--db-mode 0600|0640|0660]\n"
           "\n"
           "Defaults: socket $CAPUCHIN_SOCKET, else /run/capuchin/capuchind.sock "
@@ -48,7 +49,8 @@ static const char *const keys[] = {
     "max-accesses-per-iteration", "max-ops-per-iteration", "max-tensors",
     "planner", "bandwidth-tolerance", "stall-probe-ms", "evict-persistent",
     "alloc-headroom", "max-op-names", "max-op-name-bytes",
-    "handshake-timeout-ms", "idle-timeout-ms", "max-queued-store-rows",
+    "handshake-timeout-ms", "idle-timeout-ms", "budget-ack-timeout-ms",
+    "max-queued-store-rows",
     "db-mode", NULL};
 
 int main(int argc, char **argv) {

@@ -162,6 +162,8 @@ static int v_hello(vctx_t *c, const Capuchin__Hello *m) {
   NEED(c, m, duplex_gbps);
   CHECK_RC(check_gbps(c, m->duplex_gbps, "duplex_gbps"));
   CHECK_RC(check_name(c, m->backend, "backend"));
+  if (m->device_uuid)
+    CHECK_RC(check_name(c, m->device_uuid, "device_uuid"));
   return 0;
 }
 
@@ -427,6 +429,14 @@ static int v_plan_ack(vctx_t *c, const Capuchin__PlanAck *m) {
   return 0;
 }
 
+static int v_budget_ack(vctx_t *c, const Capuchin__BudgetAck *m) {
+  NEED(c, m, budget_bytes);
+  if (m->budget_bytes == 0)
+    return FAIL(c, CAP_ERANGE, "budget_bytes 0");
+  NEED(c, m, device_bytes);
+  return 0;
+}
+
 static int v_error(vctx_t *c, const Capuchin__Error *m) {
   NEED(c, m, code);
   if (m->code >= 0)
@@ -532,6 +542,9 @@ int cap__frame_validate(const Capuchin__Envelope *env,
   case CAPUCHIN__ENVELOPE__MSG_BUDGET_UPDATE:
     NEED_PTR(&c, env, budget_update);
     return v_budget_update(&c, env->budget_update);
+  case CAPUCHIN__ENVELOPE__MSG_BUDGET_ACK:
+    NEED_PTR(&c, env, budget_ack);
+    return v_budget_ack(&c, env->budget_ack);
   default:
     return FAIL(&c, CAP_EINVAL, "unknown message case %d", (int)env->msg_case);
   }

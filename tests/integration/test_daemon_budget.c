@@ -1,9 +1,11 @@
 /*
- * Shared GPU budgets (issue 4, item 6): two jobs on one device whose
- * requests add up to more than it has get shares that add up to at most it
- * (never below their persistent bytes), each with a plan for its share; when
- * one leaves, the other gets its full budget back with a new plan. Both the
- * device total from Hello and --gpu-memory set the capacity.
+ * Shared GPU budgets: two jobs on one device whose requests add up to more
+ * than it has get shares that add up to at most it (never below their
+ * persistent bytes), each with a plan for its share; when one leaves, the
+ * other gets its full budget back with a new plan. Both the device total
+ * from Hello and --gpu-memory set the capacity. Jobs are on one device when
+ * they report one UUID; a job whose budget is cut holds the others back
+ * until it confirms (BudgetAck) or budget-ack-timeout-ms passes.
  */
 #include "cap_test.h"
 #include "capuchin/trace.h"
@@ -117,6 +119,120 @@ static void test_shares_from_gpu_memory_option(void) {
   run_shares(extra, 80ull << 30, cap);
 }
 
+#define UUID_A "GPU-0a0a0a0a-0000-4000-8000-00000000000a"
+#define UUID_B "GPU-0b0b0b0b-0000-4000-8000-00000000000b"
+
+/* A device two requests of `req` do not fit in. */
+static uint64_t tight_total(uint64_t req) {
+  return 2 * req - 2 * (req - P->persistent_bytes) * 3 / 10;
+}
+
+static void stop_daemon(tc_daemon_t *d) {
+  CHECK_EQ(tc_daemon_stop(d), 0);
+  if (!cap_test_failed_checks)
+    tc_daemon_cleanup(d);
+  else
+    fprintf(stderr, "log: %s\n", d->log);
+}
+
+static void send_budget_ack(tc_t *c, uint64_t budget, uint64_t held) {
+  Capuchin__BudgetAck ba = CAPUCHIN__BUDGET_ACK__INIT;
+  ba.has_budget_bytes = ba.has_device_bytes = 1;
+  ba.budget_bytes = budget;
+  ba.device_bytes = held;
+  CHECK_EQ(tc_send_msg(c, &ba), 0);
+}
+
+/* Same ordinal, same name, two UUIDs: two devices, nobody is cut. */
+static void test_different_uuids_do_not_share(void) {
+  tc_daemon_t d;
+  REQUIRE(tc_daemon_start(&d, NULL, NULL) == 0);
+  uint64_t req = cap_profile_budget_pct(P, 100);
+  tc_t a, b;
+  tc_welcome_t wa, wb;
+  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
+                        .device_total_bytes = tight_total(req),
+                        .device_uuid = UUID_A, .acks_budget = true};
+  tc_hello_args_t hb = ha;
+  hb.job = "job-b";
+  hb.device_uuid = UUID_B;
+  REQUIRE(tc_connect(&a, d.sock) == 0);
+  REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
+  REQUIRE(tc_connect(&b, d.sock) == 0);
+  REQUIRE(tc_hello(&b, &hb, &wb, 10000) == 0);
+  CHECK_EQ(wa.budget_bytes, req);
+  CHECK_EQ(wb.budget_bytes, req);
+  CHECK(wa.wants_budget_ack && wb.wants_budget_ack);
+  CHECK_EQ(wait_budget(&a, NULL, 1000), 0); /* a is not cut */
+  tc_close(&a);
+  tc_close(&b);
+  stop_daemon(&d);
+}
+
+/* One UUID: b's Hello cuts a at once, but b is welcomed (given memory)
+ * only when a says it holds no more than its share; an ack over the share
+ * does not count. */
+static void test_cut_waits_for_confirmation(void) {
+  tc_daemon_t d;
+  const char *extra[] = {"--budget-ack-timeout-ms", "600000", NULL};
+  REQUIRE(tc_daemon_start(&d, NULL, extra) == 0);
+  uint64_t req = cap_profile_budget_pct(P, 100), total = tight_total(req);
+  tc_t a, b;
+  tc_welcome_t wa, wb;
+  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
+                        .device_total_bytes = total,
+                        .persistent_bytes = P->persistent_bytes,
+                        .device_uuid = UUID_A, .acks_budget = true};
+  tc_hello_args_t hb = ha;
+  hb.job = "job-b";
+  REQUIRE(tc_connect(&a, d.sock) == 0);
+  REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
+  CHECK_EQ(wa.budget_bytes, req);
+  REQUIRE(tc_connect(&b, d.sock) == 0);
+  REQUIRE(tc_send_hello(&b, &hb) == 0);
+  uint64_t share_a = wait_budget(&a, NULL, 10000);
+  CHECK(share_a > 0 && share_a < req);
+  CHECK_EQ(tc_wait_welcome(&b, NULL, 500), -1); /* a has not confirmed */
+  send_budget_ack(&a, share_a, share_a + (1u << 20));
+  CHECK_EQ(tc_wait_welcome(&b, NULL, 500), -1); /* still over its share */
+  send_budget_ack(&a, share_a, share_a - 4096);
+  REQUIRE(tc_wait_welcome(&b, &wb, 10000) == 0);
+  printf("capacity %llu: a cut to %llu, b welcomed with %llu\n",
+         (unsigned long long)total, (unsigned long long)share_a,
+         (unsigned long long)wb.budget_bytes);
+  CHECK(wb.budget_bytes > 0 && wb.budget_bytes < req);
+  CHECK(share_a + wb.budget_bytes <= total);
+  CHECK(tc_daemon_log_contains(&d, "confirmed"));
+  tc_close(&a);
+  tc_close(&b);
+  stop_daemon(&d);
+}
+
+/* A job that never confirms holds the others back only until
+ * budget-ack-timeout-ms. */
+static void test_unconfirmed_cut_times_out(void) {
+  tc_daemon_t d;
+  const char *extra[] = {"--budget-ack-timeout-ms", "300", NULL};
+  REQUIRE(tc_daemon_start(&d, NULL, extra) == 0);
+  uint64_t req = cap_profile_budget_pct(P, 100);
+  tc_t a, b;
+  tc_welcome_t wa, wb;
+  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
+                        .device_total_bytes = tight_total(req),
+                        .device_uuid = UUID_A, .acks_budget = true};
+  tc_hello_args_t hb = ha;
+  hb.job = "job-b";
+  REQUIRE(tc_connect(&a, d.sock) == 0);
+  REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
+  REQUIRE(tc_connect(&b, d.sock) == 0);
+  REQUIRE(tc_hello(&b, &hb, &wb, 20000) == 0);
+  CHECK(wb.budget_bytes < req);
+  CHECK(tc_daemon_log_contains(&d, "did not confirm its budget cut"));
+  tc_close(&a);
+  tc_close(&b);
+  stop_daemon(&d);
+}
+
 int main(void) {
   char err[256];
   if (cap_trace_load(cap_test_data("traces/resnet50.trace"), &P, err,
@@ -126,6 +242,9 @@ int main(void) {
   }
   RUN_TEST(test_shares_from_hello_device_total);
   RUN_TEST(test_shares_from_gpu_memory_option);
+  RUN_TEST(test_different_uuids_do_not_share);
+  RUN_TEST(test_cut_waits_for_confirmation);
+  RUN_TEST(test_unconfirmed_cut_times_out);
   cap_profile_destroy(P);
   return TEST_SUMMARY();
 }

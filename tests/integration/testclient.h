@@ -42,6 +42,7 @@ typedef struct tc {
 typedef struct tc_welcome {
   uint64_t session_id, job_id, budget_bytes;
   bool plan_reused;
+  bool wants_budget_ack;
 } tc_welcome_t;
 
 typedef struct tc_hello_args {
@@ -51,6 +52,8 @@ typedef struct tc_hello_args {
   uint32_t device_index;
   uint64_t signature;          /* 0: none */
   uint64_t persistent_bytes;   /* 0: none */
+  const char *device_uuid;     /* NULL: none (an older client) */
+  bool acks_budget;            /* confirms budget cuts (BudgetAck) */
 } tc_hello_args_t;
 
 /* Start capuchind in a new temp folder (dir NULL) or in dir (reusing its
@@ -83,6 +86,9 @@ static Capuchin__Envelope *tc_wait(tc_t *c, int msg_case, int timeout_ms);
 static bool tc_wait_closed(tc_t *c, int timeout_ms);
 static int tc_hello(tc_t *c, const tc_hello_args_t *a, tc_welcome_t *w,
                     int timeout_ms);
+/* tc_hello in two halves: send the Hello; wait for the Welcome. */
+static int tc_send_hello(tc_t *c, const tc_hello_args_t *a);
+static int tc_wait_welcome(tc_t *c, tc_welcome_t *w, int timeout_ms);
 /* Send the profile as iteration `iteration` (declarations when declare,
  * every op and free in AccessBatches of at most batch_ops ops), then an
  * IterationEnd saying measured and complete. */

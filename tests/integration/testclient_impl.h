@@ -329,8 +329,7 @@ static TC_UNUSED bool tc_wait_closed(tc_t *c, int timeout_ms) {
   return c->eof;
 }
 
-static TC_UNUSED int tc_hello(tc_t *c, const tc_hello_args_t *a,
-                              tc_welcome_t *w, int timeout_ms) {
+static TC_UNUSED int tc_send_hello(tc_t *c, const tc_hello_args_t *a) {
   Capuchin__Hello h = CAPUCHIN__HELLO__INIT;
   h.has_protocol_version = h.has_pid = h.has_device_index = 1;
   h.has_device_total_bytes = h.has_budget_bytes = 1;
@@ -355,11 +354,15 @@ static TC_UNUSED int tc_hello(tc_t *c, const tc_hello_args_t *a,
     h.has_persistent_bytes = 1;
     h.persistent_bytes = a->persistent_bytes;
   }
-  /* A refused peer may find the connection closed before its Hello is
-   * written; the daemon's Error frame is still there to read. */
-  bool sent = tc_send_msg(c, &h) == 0;
-  Capuchin__Envelope *env = tc_wait(c, CAPUCHIN__ENVELOPE__MSG_WELCOME,
-                                    sent ? timeout_ms : 2000);
+  h.device_uuid = (char *)a->device_uuid;
+  h.has_acks_budget = h.acks_budget = a->acks_budget;
+  return tc_send_msg(c, &h);
+}
+
+static TC_UNUSED int tc_wait_welcome(tc_t *c, tc_welcome_t *w,
+                                     int timeout_ms) {
+  Capuchin__Envelope *env =
+      tc_wait(c, CAPUCHIN__ENVELOPE__MSG_WELCOME, timeout_ms);
   if (!env)
     return -1;
   if (w) {
@@ -367,9 +370,18 @@ static TC_UNUSED int tc_hello(tc_t *c, const tc_hello_args_t *a,
     w->job_id = env->welcome->job_id;
     w->budget_bytes = env->welcome->budget_bytes;
     w->plan_reused = env->welcome->plan_reused;
+    w->wants_budget_ack = env->welcome->wants_budget_ack;
   }
   tc_release(c, env);
   return 0;
+}
+
+static TC_UNUSED int tc_hello(tc_t *c, const tc_hello_args_t *a,
+                              tc_welcome_t *w, int timeout_ms) {
+  /* A refused peer may find the connection closed before its Hello is
+   * written; the daemon's Error frame is still there to read. */
+  bool sent = tc_send_hello(c, a) == 0;
+  return tc_wait_welcome(c, w, sent ? timeout_ms : 2000);
 }
 
 static TC_UNUSED int tc_flush_batch(tc_t *c, cap_proto_batch_t *b) {

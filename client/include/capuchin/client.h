@@ -80,6 +80,10 @@ typedef struct cap_client_config {
   uint64_t sim_device_bytes;
   double time_scale;
   double sim_h2d_gbps, sim_d2h_gbps, sim_duplex_gbps;
+  /* sim backend: the device's UUID; jobs with the same one share its
+   * memory (NULL: $CAPUCHIN_SIM_DEVICE_UUID, else one UUID for every sim
+   * job of the machine). The cuda backend reports the GPU's own. */
+  const char *sim_device_uuid;
   uint64_t host_pool_bytes; /* pinned host memory for swaps to allocate (and
                                touch) at create, so that the first swaps do
                                not pay for pinning or page faults; the pool

@@ -51,6 +51,8 @@ typedef struct cap_daemon_config {
   uint64_t max_op_name_bytes;   /* and their bytes */
   uint32_t handshake_timeout_ms; /* accept -> Hello */
   uint32_t idle_timeout_ms;      /* a frame begun and not finished */
+  uint32_t budget_ack_timeout_ms; /* a budget cut not confirmed: the other
+                                     jobs on the device wait no longer */
   uint32_t max_queued_store_rows; /* iteration rows a session may have
                                      waiting for the store before its
                                      input is paused */
