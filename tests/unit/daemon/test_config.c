@@ -53,6 +53,12 @@ static void test_defaults_and_set(void) {
   CHECK_EQ(c.handshake_timeout_ms, 10000);
   CHECK(cap_daemon_config_set(&c, "idle-timeout-ms", "5", err, sizeof err) ==
         CAP_ERANGE);
+  CHECK_EQ(c.budget_ack_timeout_ms, 30000);
+  CHECK(cap_daemon_config_set(&c, "budget-ack-timeout-ms", "250", err,
+                              sizeof err) == 0);
+  CHECK_EQ(c.budget_ack_timeout_ms, 250);
+  CHECK_EQ(c.idle_timeout_ms, 60000); /* the neighbours keep theirs */
+  CHECK_EQ(c.handshake_timeout_ms, 10000);
   CHECK(cap_daemon_config_set(&c, "db-mode", "0644", err, sizeof err) ==
         CAP_EINVAL);
   CHECK(cap_daemon_config_set(&c, "db-mode", "0660", err, sizeof err) == 0);

@@ -10,7 +10,7 @@
 
 #include "capuchin/frame.h"
 
-#define SAMPLE_COUNT 13 /* Envelope cases 1..13 */
+#define SAMPLE_COUNT 14 /* Envelope cases 1..14 */
 
 typedef struct sample {
   Capuchin__Envelope env;
@@ -32,6 +32,7 @@ typedef struct sample {
   Capuchin__Error error;
   Capuchin__Bye bye;
   Capuchin__BudgetUpdate budget;
+  Capuchin__BudgetAck budget_ack;
   uint32_t op_in[3], op_out[1], b0_in[2], b0_out[1], b1_out[2];
   char *names[2];
   uint32_t c_seq[3], c_name[3], c_n_in[3], c_n_out[3], c_tensors[7];
@@ -65,6 +66,8 @@ static inline void sample_fill(sample_t *s, int which) {
     m.backend = "cuda";
     m.has_model_signature = 1, m.model_signature = 0x9e3779b97f4a7c15ull;
     m.has_persistent_bytes = 1, m.persistent_bytes = 205520896;
+    m.device_uuid = "GPU-6a0f3c2e-5b1d-4e8f-9a7c-3d2b1e0f4a5c";
+    m.has_acks_budget = 1, m.acks_budget = 1;
     s->hello = m;
     s->env.hello = &s->hello;
     break;
@@ -76,6 +79,7 @@ static inline void sample_fill(sample_t *s, int which) {
     m.has_job_id = 1, m.job_id = 3;
     m.has_budget_bytes = 1, m.budget_bytes = 2ull << 30;
     m.has_plan_reused = 1, m.plan_reused = 1;
+    m.has_wants_budget_ack = 1, m.wants_budget_ack = 1;
     s->welcome = m;
     s->env.welcome = &s->welcome;
     break;
@@ -260,6 +264,14 @@ static inline void sample_fill(sample_t *s, int which) {
     m.reason = "device shared with job 4";
     s->budget = m;
     s->env.budget_update = &s->budget;
+    break;
+  }
+  case CAPUCHIN__ENVELOPE__MSG_BUDGET_ACK: {
+    Capuchin__BudgetAck m = CAPUCHIN__BUDGET_ACK__INIT;
+    m.has_budget_bytes = 1, m.budget_bytes = 1ull << 30;
+    m.has_device_bytes = 1, m.device_bytes = 1000ull << 20;
+    s->budget_ack = m;
+    s->env.budget_ack = &s->budget_ack;
     break;
   }
   default:

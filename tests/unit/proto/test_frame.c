@@ -84,6 +84,20 @@ static int decode_one(const uint8_t *f, size_t len,
   return rc;
 }
 
+/* A BudgetAck must name the budget it confirms. */
+static void test_budget_ack_rules(void) {
+  sample_t s;
+  sample_fill(&s, CAPUCHIN__ENVELOPE__MSG_BUDGET_ACK);
+  char err[256] = "";
+  CHECK_EQ(cap_frame_validate(&s.env, NULL, err, sizeof err), 0);
+  s.budget_ack.budget_bytes = 0;
+  CHECK_EQ(cap_frame_validate(&s.env, NULL, err, sizeof err), CAP_ERANGE);
+  s.budget_ack.budget_bytes = 1;
+  s.budget_ack.has_device_bytes = 0;
+  CHECK_EQ(cap_frame_validate(&s.env, NULL, err, sizeof err), CAP_EINVAL);
+  CHECK(strstr(err, "device_bytes") != NULL);
+}
+
 static void test_roundtrip_each_type(void) {
   for (int k = 1; k <= SAMPLE_COUNT; k++) {
     sample_t s;
@@ -137,6 +151,8 @@ static void test_decoded_fields(void) {
   REQUIRE(cap_frame_decoder_next(d, &got, err, sizeof err) == 1);
   CHECK_STR(got->hello->job_name, "resnet50-train");
   CHECK_STR(got->hello->device_name, "NVIDIA H100 80GB HBM3");
+  CHECK_STR(got->hello->device_uuid, "GPU-6a0f3c2e-5b1d-4e8f-9a7c-3d2b1e0f4a5c");
+  CHECK(got->hello->has_acks_budget && got->hello->acks_budget);
   CHECK(got->hello->h2d_gbps == 55.1 && got->hello->duplex_gbps == 85.8);
   CHECK(got->hello->has_model_signature &&
         got->hello->model_signature == 0x9e3779b97f4a7c15ull);
@@ -965,6 +981,7 @@ int main(void) {
   if (corpus)
     return write_corpus(corpus);
   RUN_TEST(test_roundtrip_each_type);
+  RUN_TEST(test_budget_ack_rules);
   RUN_TEST(test_decoded_fields);
   RUN_TEST(test_stream_byte_by_byte);
   RUN_TEST(test_stream_random_chunks);
