@@ -273,8 +273,6 @@ int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
   }
   c->transient_decl++;
   cap__tensor_t *t = &c->tensors[i];
-  uint32_t n_acc = 0;
-  (void)n_acc;
   t->bytes = bytes;
   t->kind = CAP_KIND_ACTIVATION;
   t->persistent = 0;
@@ -514,8 +512,8 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
       memset(r, 0, sizeof *r);
       r->type = CAP__REC_ITER_END;
       r->a = c->iteration;
-      r->b = (uint32_t)c->mode | (c->recording ? 0x100u : 0) |
-             (incomplete ? 0x200u : 0);
+      r->b = (uint32_t)c->mode | (c->recording ? CAP__ITER_MEASURED : 0) |
+             (incomplete ? CAP__ITER_INCOMPLETE : 0);
       r->c = c->it.plan_version;
       r->u.op.t0 = c->it.time_ns;
       r->u.op.t1 = c->it.stall_ns;
@@ -545,7 +543,7 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
 /* A measured op that does not fit the budget is still recorded, with no
  * duration: the measurement then has the job's whole op sequence and tensor
  * sizes, from which the daemon can tell that the budget is too small and
- * what the smallest feasible one is (issue 10). The iteration stays
+ * what the smallest feasible one is. The iteration stays
  * incomplete: it is never planned from. */
 static void record_over_budget(cap_client_t *c, const char *name,
                                const uint32_t *in, uint32_t n_in,

@@ -27,9 +27,15 @@ enum {
                            ids follow in CONT records, 12 per record */
   CAP__REC_CONT = 3,    /* ids[] continuation of an OP */
   CAP__REC_FREE = 4,    /* a = id, t0 = time */
-  CAP__REC_ITER_END = 5,/* iteration end marker; stats in the side slot */
+  CAP__REC_ITER_END = 5,/* a = iteration, b = mode | CAP__ITER_* flags,
+                           c = plan version; stats here and in a CONT */
   CAP__REC_ITER_BEGIN = 6, /* a = iteration, b = measured */
 };
+
+/* ITER_END's b: the mode (cap_mode_t) in the low byte, then these. */
+#define CAP__ITER_MODE_MASK 0xffu
+#define CAP__ITER_MEASURED 0x100u   /* every access was recorded */
+#define CAP__ITER_INCOMPLETE 0x200u /* records dropped or the iteration cut */
 
 #define CAP__REC_IDS 12u
 typedef struct cap__rec {

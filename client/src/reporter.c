@@ -424,7 +424,7 @@ static void rep_iter_end(rep_t *r, const cap__rec_t *a, const cap__rec_t *b) {
   /* A measured iteration becomes the profile: its ops were recorded on the
    * framework's timeline (the client's own passive-mode stalls taken out),
    * and so is its length. stall_ns still says what was taken out. */
-  if ((a->b & 0x100u) && a->u.op.t1 > 0 && a->u.op.t1 < ie.iter_ns)
+  if ((a->b & CAP__ITER_MEASURED) && a->u.op.t1 > 0 && a->u.op.t1 < ie.iter_ns)
     ie.iter_ns -= a->u.op.t1;
   ie.has_peak_bytes = 1;
   ie.peak_bytes = a->u.op.u64;
@@ -435,15 +435,15 @@ static void rep_iter_end(rep_t *r, const cap__rec_t *a, const cap__rec_t *b) {
   ie.has_stall_ns = 1;
   ie.stall_ns = a->u.op.t1 < 0 ? 0 : a->u.op.t1;
   ie.has_measured = 1;
-  ie.measured = (a->b & 0x100u) != 0;
+  ie.measured = (a->b & CAP__ITER_MEASURED) != 0;
   ie.has_incomplete = 1;
-  ie.incomplete = (a->b & 0x200u) != 0;
+  ie.incomplete = (a->b & CAP__ITER_INCOMPLETE) != 0;
   if (ie.measured && v[4]) {
     ie.has_ops_over_budget = 1;
     ie.ops_over_budget = (uint32_t)v[4];
   }
   ie.has_mode = 1;
-  switch (a->b & 0xffu) {
+  switch (a->b & CAP__ITER_MODE_MASK) {
   case CAP_MODE_MEASURED:
     ie.mode = CAPUCHIN__MODE__MODE_MEASURED;
     break;
@@ -575,7 +575,7 @@ static void rep_drain(rep_t *r) {
       used = 2;
       /* A measured iteration this session did not see from its start is
        * not reported at all (the daemon would get a partial profile). */
-      if (!(rec->b & 0x100u) || r->in_measured)
+      if (!(rec->b & CAP__ITER_MEASURED) || r->in_measured)
         rep_iter_end(r, rec, cap__ring_at(ring, tail + 1));
       r->in_measured = false;
       break;

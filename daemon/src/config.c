@@ -1,5 +1,5 @@
 /*
- * capuchind options: defaults (issue 4), "key = value" config files and the
+ * capuchind options: defaults, "key = value" config files and the
  * command line share one setter so that every option works in both places.
  */
 #include <ctype.h>

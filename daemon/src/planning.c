@@ -535,7 +535,7 @@ static void finish_plan(cap__session_t *s, task_t *t) {
     bu.budget_bytes = t->budget;
     char reason[192];
     if (t->best_peak) {
-      /* The number the user needs: what to ask for instead (issue 10). */
+      /* The number the user needs: what to ask for instead. */
       bu.has_min_budget_bytes = 1;
       bu.min_budget_bytes = t->best_peak;
       snprintf(reason, sizeof reason,

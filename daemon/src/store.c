@@ -1014,7 +1014,8 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
   while ((step = sqlite3_step(st)) == SQLITE_ROW) {
     sqlite3_int64 t = sqlite3_column_int64(st, 0);
     sqlite3_int64 kind = sqlite3_column_int64(st, 2);
-    if (t < 0 || t >= (sqlite3_int64)UINT32_MAX || kind < 0 || kind > 2) {
+    if (t < 0 || t >= (sqlite3_int64)UINT32_MAX || kind < CAP_KIND_PARAM ||
+        kind > CAP_KIND_ACTIVATION) {
       rc = corrupt(s, id, "tensor row out of range", NULL);
       goto out;
     }

@@ -47,7 +47,7 @@ typedef struct cap_store cap_store_t;
   0x2u /* create the file (and its parent folder,                              \
           mode 0750) when missing; read-write only */
 
-/* Default database path (issue 4): /var/lib/capuchin/capuchin.db as root,
+/* Default database path: /var/lib/capuchin/capuchin.db as root,
  * else $XDG_STATE_HOME/capuchin/capuchin.db, else
  * $HOME/.local/state/capuchin/capuchin.db. Returns 0, CAP_ERANGE when buf is
  * too small, CAP_ENOENT when neither XDG_STATE_HOME nor HOME is set. */

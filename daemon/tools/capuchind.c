@@ -1,5 +1,5 @@
 /*
- * capuchind: the Capuchin daemon (issue 4). Parses the command line over the
+ * capuchind: the Capuchin daemon. Parses the command line over the
  * config file over the defaults, then runs cap_daemon on this thread until
  * SIGTERM/SIGINT.
  */
@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
    * that allocates an arena of its own, and what a burst of clients leaves
    * in the extra arenas (SQLite's cache pages, planning buffers) is not
    * given back by malloc_trim; measured, 4 arenas kept 1.3 MB after a
-   * hostile client left (issue 10). The threads allocate little, so
+   * hostile client left. The threads allocate little, so
    * sharing one arena costs nothing measurable. */
   mallopt(M_ARENA_MAX, 1);
 #endif

@@ -1,5 +1,5 @@
 /*
- * The JSON form of a plan (issue 3, --emit-plan): a writer, and a strict
+ * The JSON form of a plan (capuchin-sim --emit-plan): a writer, and a strict
  * reader that accepts exactly what the writer's schema allows, so that a
  * plan file can be re-simulated anywhere (capuchin-sim --check-plan).
  *

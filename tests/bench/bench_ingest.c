@@ -1,5 +1,5 @@
 /*
- * capuchind ingest benchmark (issue 4): access records per second that one
+ * capuchind ingest benchmark: access records per second that one
  * daemon loop takes in from 1 and 32 concurrent clients replaying a real
  * trace (compact AccessBatch frames, as libcapuchin-client's reporter sends
  * them), and the loop's worst stall (lateness of a 1 ms timer on the loop)

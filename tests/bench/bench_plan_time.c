@@ -1,5 +1,5 @@
 /*
- * Planning-time benchmark and policy table (issue 3, "Done when").
+ * Planning-time benchmark and policy table.
  *
  *   bench_plan_time [--table] [--quick]
  *

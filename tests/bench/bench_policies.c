@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
     for (size_t bi = 0; bi < sizeof pcts / sizeof *pcts; bi++) {
       cap_plan_config_t cfg;
       cap_plan_config_init(&cfg, cap_profile_budget_pct(p, pcts[bi]));
-      /* Capuchin against the best feasible baseline (issue 3's table). */
+      /* Capuchin against the best feasible baseline. */
       double cap_ovh = -1, best_ovh = -1;
       const char *best_name = NULL;
       for (size_t pi = 0; cap_planner_names[pi]; pi++) {

@@ -1,7 +1,7 @@
 /*
  * The client under a hand-made plan (loaded without a daemon) on the sim
  * backend: swaps with prefetch, recompute through the callback, and the
- * faults of issue 5 -- copies that fail, allocations that fail, a recompute
+ * faults -- copies that fail, allocations that fail, a recompute
  * callback that returns an error. Each must give an error to the caller or
  * a fallback, never a crash, a hang or silent corruption (every access is
  * checked against the pattern its writer left).

@@ -1,5 +1,5 @@
 /*
- * Issue 10, "Done when": a bystander job (a real capuchin-replay) keeps
+ * A bystander job (a real capuchin-replay) keeps
  * running guided with zero mismatches while a hostile client runs defects
  * 1-4 against the same daemon, and the daemon's RSS comes back to within
  * 10 % of what it was before the hostile client came, once it has left.

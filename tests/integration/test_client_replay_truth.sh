@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10: the replay tells its user the truth.
+# The replay tells its user the truth.
 # - Defect 6: with an impossible budget (--budget 1%) the daemon answers with
 #   the smallest feasible budget, and the replay shows it and exits 2 (as
 #   capuchin-sim does) instead of running every iteration passive with op

@@ -1,5 +1,5 @@
 /*
- * Authorisation by SO_PEERCRED (issue 4, item 1): a client running under a
+ * Authorisation by SO_PEERCRED: a client running under a
  * uid that is neither the daemon's, root, nor allowed gets an Error frame
  * (CAP_EPERM) and is logged; after the config file allows that uid and the
  * daemon gets SIGHUP, the same client is welcomed. Also: the socket is mode

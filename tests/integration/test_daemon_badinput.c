@@ -1,5 +1,5 @@
 /*
- * Bad input (issue 4, "Bad input and faults"): each malformed, oversized or
+ * Bad input: each malformed, oversized or
  * out-of-order frame, unknown message, out-of-range id and an iteration
  * with millions of accesses beyond the session quota gets an Error frame
  * naming the problem and its session closed; a bystander session in the

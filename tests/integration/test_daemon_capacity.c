@@ -1,5 +1,5 @@
 /*
- * Issue 10, defect 4: shared budgets must not trust what one client says.
+ * Shared budgets must not trust what one client says.
  * (a) With gpu-memory unset the device's capacity was the smallest total any
  * session declared, so a client claiming a 1 MiB device cut a co-located
  * job's budget to its floor. Now a claim far from the others is logged and

@@ -1,6 +1,6 @@
 /*
- * kill -9 of capuchind during a burst of writes (issue 4, "Bad input and
- * faults"): clients keep registering jobs, sending measured iterations and
+ * kill -9 of capuchind during a burst of writes: clients keep registering
+ * jobs, sending measured iterations and
  * iteration reports while the daemon is killed at a random moment. After a
  * restart on the same database it opens, passes an integrity check, and
  * every job a client was welcomed as and every plan a client received (a

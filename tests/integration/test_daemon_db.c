@@ -1,6 +1,6 @@
 /*
- * A database file capuchind must not touch (issue 4, "Bad input and
- * faults"): one that is not an SQLite database, and one whose user_version is
+ * A database file capuchind must not touch: one that is not an SQLite
+ * database, and one whose user_version is
  * newer than this build understands. Each gives a clear error naming the
  * file, a non-zero exit status, and leaves the file byte-for-byte as it was.
  * Also: bad command-line arguments exit 64 with usage.
@@ -82,7 +82,7 @@ static void test_newer_schema(void) {
   refused(db, "version");
 }
 
-/* Issue 10, defect 8: a database damaged inside (a page overwritten) keeps
+/* A database damaged inside (a page overwritten) keeps
  * a readable header. The start-up check read only user_version, switching
  * to WAL then rewrote the damaged file's header, and the daemon stayed up
  * refusing every job with "database disk image is malformed". */
@@ -126,7 +126,7 @@ static void test_damaged_page(void) {
   tc_daemon_cleanup(&d);
 }
 
-/* Issue 10, defect 7: the database and its -wal/-shm are created 0600
+/* The database and its -wal/-shm are created 0600
  * whatever the umask (or with --db-mode, 0640/0660 for the service's group),
  * and one made world-readable before loses the other users' access. */
 static void test_database_mode(void) {
@@ -173,7 +173,7 @@ static void test_database_mode(void) {
   tc_daemon_cleanup(&d);
 }
 
-/* Issue 10: an empty file is a new database, not "schema version 0 is
+/* An empty file is a new database, not "schema version 0 is
  * older": capuchin-query says so, and capuchind initialises it. */
 static void test_empty_file(void) {
   tc_daemon_t d;

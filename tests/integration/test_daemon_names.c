@@ -1,5 +1,5 @@
 /*
- * Issue 10, defect 1: op names cost the daemon memory the client chooses.
+ * Op names cost the daemon memory the client chooses.
  * Twenty AccessBatch frames of one op and 4000 distinct 4 KiB names each
  * once took capuchind from 24 MB to 338 MB of RSS, 211 MB of it kept after
  * the client left. Names no op uses must not be kept, the ones ops use

@@ -1,5 +1,5 @@
 /*
- * capuchind end to end (issue 4, items 1-5): a test client replays the
+ * capuchind end to end: a test client replays the
  * resnet50 trace as a measured iteration and gets a feasible plan for 50 %
  * within 1 s; the plan and profile are in the store and capuchin-query lists
  * them; feedback with stalls gives plan v2 with an earlier trigger; a second
@@ -18,7 +18,7 @@
 #include "store.h"
 #include "testclient.h"
 
-/* The 1 s of issue 4 is for a product build; sanitizers slow planning ~10x. */
+/* The 1 s planning bound is for a product build; sanitizers slow planning ~10x. */
 #if defined(__SANITIZE_ADDRESS__)
 #define PLAN_LIMIT_MS 10000
 #elif defined(__has_feature)

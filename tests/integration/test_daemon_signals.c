@@ -1,5 +1,5 @@
 /*
- * capuchind's operator surface (issue 4, item 1): SIGHUP reopens the log
+ * capuchind's operator surface: SIGHUP reopens the log
  * file (logrotate moved it away), SIGINT stops cleanly (exit 0, socket
  * removed, sessions told Bye), --max-sessions refuses the connection over
  * the limit with an Error frame while the others carry on.

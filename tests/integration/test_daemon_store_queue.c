@@ -1,5 +1,5 @@
 /*
- * Issue 10, defect 3: every IterationEnd queued one store task in the
+ * Every IterationEnd queued one store task in the
  * thread pool that also registers Hellos and plans, so 400 000 IterationEnd
  * frames from one client made another client's Hello wait 34 s. Now a
  * session's queued rows are bounded (its input waits for the store beyond

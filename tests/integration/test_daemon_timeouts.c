@@ -1,5 +1,5 @@
 /*
- * Issue 10, defect 2: a connection counted against max-sessions from accept
+ * A connection counted against max-sessions from accept
  * and no timer ever closed it, so connections that send nothing locked real
  * jobs out. Now: Hello within handshake-timeout-ms of accept, and a frame
  * once begun finished within idle-timeout-ms; a session between frames (a
@@ -92,7 +92,7 @@ static void test_idle_mid_frame_is_closed_between_frames_is_not(void) {
     fprintf(stderr, "log: %s\n", d.log);
 }
 
-/* Issue 10: a client refused at the fd limit got a bare EOF and nothing was
+/* A client refused at the fd limit got a bare EOF and nothing was
  * logged. Run in a child whose hard limit is 48 descriptors (the daemon
  * inherits it and cannot raise it): silent connections pile up until the
  * daemon refuses one, which must come with an Error naming the limit. */

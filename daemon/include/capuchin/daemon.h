@@ -40,13 +40,13 @@ typedef struct cap_daemon_config {
   uint32_t n_allow_gids;
   cap_log_level_t log_level;
   uint32_t max_sessions;
-  /* Per-session quotas (bad input and faults, issue 4). */
+  /* Per-session quotas (bad input and faults). */
   size_t max_frame_bytes;              /* payload of one frame */
   uint64_t max_accesses_per_iteration; /* op inputs + outputs */
   uint32_t max_ops_per_iteration;
   uint32_t max_tensors;       /* declared tensors of one session */
   size_t max_pending_write_bytes; /* unsent output before a slow reader is cut */
-  /* Hostile clients (issue 10). */
+  /* Hostile clients. */
   uint32_t max_op_names;        /* distinct op names of one iteration */
   uint64_t max_op_name_bytes;   /* and their bytes */
   uint32_t handshake_timeout_ms; /* accept -> Hello */
@@ -69,7 +69,7 @@ typedef struct cap_daemon_config {
   uint32_t stall_probe_ms;    /* >0: measure loop stalls with a timer */
 } cap_daemon_config_t;
 
-/* Defaults of issue 4: socket $CAPUCHIN_SOCKET, else
+/* Defaults: socket $CAPUCHIN_SOCKET, else
  * /run/capuchin/capuchind.sock as root or
  * $XDG_RUNTIME_DIR/capuchin/capuchind.sock; database from
  * cap_store_default_path(). */

@@ -48,7 +48,12 @@ typedef struct cap_action {
 
 typedef struct cap_plan {
   uint32_t version;      /* 1 for a new plan, +1 for each refinement */
-  uint64_t budget_bytes; /* device bytes the plan must stay within */
+  /* The job's budget the plan was made for, persistent bytes included:
+   * what the client enforces while the plan is in force. The planner may
+   * have aimed lower (the daemon's alloc-headroom), and a plan that found
+   * no way under it keeps it all the same (the planner's CAP_EINFEASIBLE:
+   * predicted_peak_bytes above budget_bytes). */
+  uint64_t budget_bytes;
   char policy[32];       /* planner name ("capuchin", "swap-all", ...) */
   cap_action_t *actions;
   uint32_t n_actions;
@@ -140,7 +145,7 @@ const char *cap_lack_name(cap_lack_t lack);
 int cap_plan_fault_format(const cap_plan_t *plan, const cap_profile_t *p,
                           const cap_plan_fault_t *f, char *buf, size_t len);
 
-/* JSON form (issue 3, --emit-plan):
+/* JSON form (capuchin-sim --emit-plan):
  * {"trace":…, "budget_bytes":…, "policy":…, "actions":[{"tensor":ID,
  *  "evict_after_access":K, "method":"swap", "prefetch_at":{"tensor":ID,
  *  "access":K}} | {…, "method":"recompute", "recompute_ops":[seq, …]}]} */

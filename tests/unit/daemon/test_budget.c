@@ -42,7 +42,7 @@ static void test_huge_values_no_overflow(void) {
   CHECK_EQ(out[1], 40ull << 30);
 }
 
-/* Issue 10, defect 4: no one client's claim sets a shared device's size. */
+/* No one client's claim sets a shared device's size. */
 static void test_capacity_from_claims(void) {
   const uint64_t G = 1ull << 30;
   bool ign[4];

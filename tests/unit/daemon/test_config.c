@@ -41,7 +41,7 @@ static void test_defaults_and_set(void) {
         CAP_ENOENT);
   CHECK(cap_daemon_config_set(&c, "gpu-memory", "80G", err, sizeof err) == 0);
   CHECK_EQ(c.gpu_memory_bytes, 80ull << 30);
-  /* One device's size (issue 10, defect 4). */
+  /* One device's size. */
   CHECK(cap_daemon_config_set(&c, "gpu-memory", "3:40G", err, sizeof err) == 0);
   CHECK_EQ(c.gpu_memory_dev[3], 40ull << 30);
   CHECK_EQ(c.gpu_memory_bytes, 80ull << 30);

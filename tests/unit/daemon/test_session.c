@@ -218,7 +218,7 @@ static void test_tracker_rules(void) {
   cap__tracker_close(&t);
 }
 
-/* Issue 10, defect 1: a batch's name table is interned only where an op
+/* A batch's name table is interned only where an op
  * uses it, and what is interned counts against the name quota. */
 static void test_tracker_names(void) {
   cap__tracker_limits_t lim = {.max_accesses = 64, .max_ops = 64,

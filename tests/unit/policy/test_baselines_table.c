@@ -1,5 +1,5 @@
 /*
- * Issue 3's table as a test: on every vendored trace at 80/60/50/40/30 % of
+ * The policy table as a test: on every vendored trace at 80/60/50/40/30 % of
  * the activation peak, capuchin is feasible wherever any baseline is, and its
  * simulated iteration is no slower than the best feasible baseline's (0.5 %
  * tolerance). tests/bench/bench_policies prints the same table.

@@ -1,5 +1,5 @@
 /*
- * The "Done when" table of issue 3: for each vendored trace and budgets of
+ * The policy table: for each vendored trace and budgets of
  * 80, 60, 50, 40 and 30 % (cap_profile_budget_pct), every planner's plan is
  * valid and checked by the simulator to stay within its budget when it
  * says it fits; `capuchin` is feasible wherever any baseline is, and its
