@@ -4,6 +4,7 @@
  * the same way under the same test.
  */
 #include "backend.h"
+#include "capuchin/sim.h" /* CAP_BANDWIDTH_H100 */
 #include "bfc.h"
 #include "faultsim.h"
 
@@ -46,9 +47,9 @@ void cap_backend_config_init(cap_backend_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->sim_device_bytes = CAP_BACKEND_DEFAULT_SIM_DEVICE_BYTES;
   cfg->time_scale = 1.0;
-  cfg->sim_h2d_gbps = CAP_BACKEND_DEFAULT_H2D_GBPS;
-  cfg->sim_d2h_gbps = CAP_BACKEND_DEFAULT_D2H_GBPS;
-  cfg->sim_duplex_gbps = CAP_BACKEND_DEFAULT_DUPLEX_GBPS;
+  cfg->sim_h2d_gbps = CAP_BANDWIDTH_H100.h2d_gbps;
+  cfg->sim_d2h_gbps = CAP_BANDWIDTH_H100.d2h_gbps;
+  cfg->sim_duplex_gbps = CAP_BANDWIDTH_H100.duplex_gbps;
 }
 
 bool cap_backend_available(const char *name) {
@@ -87,11 +88,11 @@ int cap_backend_create(const cap_backend_config_t *cfg, cap_backend_t **out) {
   if (c.time_scale == 0)
     c.time_scale = 1.0;
   if (c.sim_h2d_gbps == 0)
-    c.sim_h2d_gbps = CAP_BACKEND_DEFAULT_H2D_GBPS;
+    c.sim_h2d_gbps = CAP_BANDWIDTH_H100.h2d_gbps;
   if (c.sim_d2h_gbps == 0)
-    c.sim_d2h_gbps = CAP_BACKEND_DEFAULT_D2H_GBPS;
+    c.sim_d2h_gbps = CAP_BANDWIDTH_H100.d2h_gbps;
   if (c.sim_duplex_gbps == 0)
-    c.sim_duplex_gbps = CAP_BACKEND_DEFAULT_DUPLEX_GBPS;
+    c.sim_duplex_gbps = CAP_BANDWIDTH_H100.duplex_gbps;
   if (c.sim_device_bytes == 0)
     c.sim_device_bytes = CAP_BACKEND_DEFAULT_SIM_DEVICE_BYTES;
   if (!c.sim_device_uuid || !c.sim_device_uuid[0])

@@ -65,11 +65,9 @@ typedef enum {
 typedef struct cap_backend cap_backend_t;
 typedef struct cap_event cap_event_t;
 
-/* Defaults: the H100 figures of tests/data/traces/FORMAT.md. */
+/* Defaults: an H100's memory, and its bandwidths (CAP_BANDWIDTH_H100,
+ * capuchin/sim.h). */
 #define CAP_BACKEND_DEFAULT_SIM_DEVICE_BYTES (80ull << 30)
-#define CAP_BACKEND_DEFAULT_H2D_GBPS 55.1
-#define CAP_BACKEND_DEFAULT_D2H_GBPS 55.1
-#define CAP_BACKEND_DEFAULT_DUPLEX_GBPS 85.8
 /* Every sim device is this one unless configured otherwise, so that sim
  * jobs on one machine share a budget as they always did. */
 #define CAP_BACKEND_DEFAULT_SIM_UUID "SIM-00000000-0000-0000-0000-000000000000"

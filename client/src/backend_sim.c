@@ -24,6 +24,7 @@
  * serial).
  */
 #include "backend.h"
+#include "capuchin/sim.h" /* cap__duplex_share: the simulator's copy model */
 
 #include <errno.h>
 #include <pthread.h>
@@ -74,8 +75,7 @@ typedef struct sim {
   pthread_cond_t cv;
   bool stop;
   engine eng[2];
-  double bw[2]; /* bytes per ns: D2H, H2D */
-  double duplex;
+  cap_bandwidth_t bw; /* GB/s = bytes per ns */
   double scale;
   int64_t t0_real;
   double memcpy_ns_per_byte; /* real time, running estimate */
@@ -119,20 +119,13 @@ static void sleep_until(const sim *s, int64_t t) {
 
 /* ---- the copy model (called with mu held) ---- */
 
-/* Max-min fair share of the duplex bandwidth between the running copies. */
+/* The running copies' rates: the simulator's duplex model. */
 static void set_rates(sim *s) {
   bool a0 = s->eng[0].active && !s->eng[0].done;
   bool a1 = s->eng[1].active && !s->eng[1].done;
-  double r0 = s->bw[0], r1 = s->bw[1];
-  if (a0 && a1 && r0 + r1 > s->duplex) {
-    double half = s->duplex / 2;
-    if (r0 < half)
-      r1 = s->duplex - r0;
-    else if (r1 < half)
-      r0 = s->duplex - r1;
-    else
-      r0 = r1 = half;
-  }
+  double r0 = s->bw.d2h_gbps, r1 = s->bw.h2d_gbps;
+  if (a0 && a1)
+    cap__duplex_share(&s->bw, &r0, &r1);
   s->eng[0].rate = r0;
   s->eng[1].rate = r1;
 }
@@ -319,9 +312,9 @@ static int sim_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, v
   sim *s = calloc(1, sizeof *s);
   if (!s)
     return CAP_ENOMEM;
-  s->bw[0] = cfg->sim_d2h_gbps; /* GB/s = bytes per ns */
-  s->bw[1] = cfg->sim_h2d_gbps;
-  s->duplex = cfg->sim_duplex_gbps;
+  s->bw = (cap_bandwidth_t){.h2d_gbps = cfg->sim_h2d_gbps,
+                            .d2h_gbps = cfg->sim_d2h_gbps,
+                            .duplex_gbps = cfg->sim_duplex_gbps};
   s->scale = cfg->time_scale;
   s->capacity = cfg->sim_device_bytes;
   s->memcpy_ns_per_byte = 0.1; /* 10 GB/s until measured */

@@ -26,16 +26,7 @@
 #include "capuchin/plan.h"
 #include "capuchin_internal.h" /* cap__trigger_name */
 #include "planners.h"          /* cap__lineage */
-
-enum wstate {
-  W_UNBORN = 0, /* not created yet */
-  W_RESIDENT,
-  W_SWAPPED,    /* host copy only, no prefetch issued */
-  W_COMING,     /* prefetch issued: on the device once the copy lands */
-  W_DROPPED,
-  W_RELEASED,
-  W_FREED,
-};
+#include "tensor_state.h"
 
 typedef struct {
   uint8_t state;
@@ -124,13 +115,13 @@ static void fault_set(cap_plan_fault_t *f, uint32_t action, uint32_t op,
 
 static cap_lack_t lack_of(uint8_t state) {
   switch (state) {
-  case W_SWAPPED:
+  case CAP__TS_HOST:
     return CAP_LACK_SWAPPED;
-  case W_DROPPED:
+  case CAP__TS_DROPPED:
     return CAP_LACK_DROPPED;
-  case W_RELEASED:
+  case CAP__TS_RELEASED:
     return CAP_LACK_RELEASED;
-  case W_FREED:
+  case CAP__TS_FREED:
     return CAP_LACK_FREED;
   default:
     return CAP_LACK_UNBORN;
@@ -153,7 +144,7 @@ static int run_list(walk_t *w, uint32_t ai, uint32_t back_op,
       wtensor_t *x = &w->t[in[j]];
       if (x->fresh == gen)
         continue;
-      if (x->state != W_RESIDENT && x->state != W_COMING) {
+      if (x->state != CAP__TS_RESIDENT && x->state != CAP__TS_SWAP_IN) {
         fault_set(f, ai, ops[k], in[j], x, lack_of(x->state));
         return CAP_EINVAL;
       }
@@ -169,11 +160,11 @@ static int run_list(walk_t *w, uint32_t ai, uint32_t back_op,
     const cap_op_t *o = &p->ops[ops[k]];
     const uint32_t *out = cap_op_outputs(p, o);
     for (uint32_t j = 0; j < o->n_out; j++)
-      if (w->t[out[j]].state == W_DROPPED)
-        w->t[out[j]].state = W_RESIDENT;
+      if (w->t[out[j]].state == CAP__TS_DROPPED)
+        w->t[out[j]].state = CAP__TS_RESIDENT;
   }
   /* cap_plan_validate checked that the last op produces the tensor */
-  w->t[a->tensor].state = W_RESIDENT;
+  w->t[a->tensor].state = CAP__TS_RESIDENT;
   return 0;
 }
 
@@ -237,7 +228,7 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
     if (cap__trigger_name(p, back_op - 1, f->source, &tt, &ta)) {
       plan->actions[f->by].prefetch_tensor = tt;
       plan->actions[f->by].prefetch_access = ta;
-      w->t[f->source].state = W_COMING;
+      w->t[f->source].state = CAP__TS_SWAP_IN;
       return 0;
     }
   }
@@ -251,7 +242,7 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
   }
   for (uint32_t x = 0; x < p->n_tensors; x++) {
     uint8_t st = w->t[x].state;
-    gone[x] = st == W_SWAPPED || st == W_DROPPED || st == W_RELEASED;
+    gone[x] = st == CAP__TS_HOST || st == CAP__TS_DROPPED || st == CAP__TS_RELEASED;
   }
   gone[a->tensor] = 1;
   uint32_t evict_op = cap_profile_access_op(p, a->tensor, a->evict_after_access);
@@ -271,7 +262,7 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
   a->flags = 0;
-  w->t[a->tensor].state = W_COMING;
+  w->t[a->tensor].state = CAP__TS_SWAP_IN;
   return 0;
 }
 
@@ -286,7 +277,7 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
   int rc = 0;
   for (uint32_t x = 0; x < p->n_tensors; x++)
     if (cap_tensor_is_resident(&p->tensors[x]))
-      w->t[x].state = W_RESIDENT;
+      w->t[x].state = CAP__TS_RESIDENT;
   uint32_t fi = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const cap_op_t *o = &p->ops[i];
@@ -296,18 +287,18 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
   ((j) < o->n_in ? ts[o->in_off + (j)] : ts[o->out_off + (j) - o->n_in])
     for (; fi < p->n_frees && p->frees[fi].t_ns <= o->start_ns; fi++) {
       wtensor_t *x = &w->t[p->frees[fi].tensor];
-      x->state = W_FREED;
+      x->state = CAP__TS_FREED;
       x->action = CAP_NONE;
       x->since = i ? i - 1 : 0;
     }
     for (uint32_t j = 0; j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
-      if (x->state == W_SWAPPED)
-        x->state = W_COMING;
+      if (x->state == CAP__TS_HOST)
+        x->state = CAP__TS_SWAP_IN;
     }
     for (uint32_t j = 0; j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
-      while (x->state == W_DROPPED && !rc) {
+      while (x->state == CAP__TS_DROPPED && !rc) {
         rc = run_list(w, x->action, i, f);
         if (rc != CAP_EINVAL || !fix)
           break;
@@ -323,27 +314,27 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
     }
     for (uint32_t j = 0; j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
-      if (x->state == W_UNBORN || x->state == W_COMING)
-        x->state = W_RESIDENT;
+      if (x->state == CAP__TS_UNBORN || x->state == CAP__TS_SWAP_IN)
+        x->state = CAP__TS_RESIDENT;
     }
     for (uint32_t k = w->trig_off[i]; k < w->trig_off[i + 1]; k++) {
       wtensor_t *x = &w->t[plan->actions[w->trig[k]].tensor];
-      if (x->state == W_SWAPPED && x->action == w->trig[k])
-        x->state = W_COMING;
+      if (x->state == CAP__TS_HOST && x->action == w->trig[k])
+        x->state = CAP__TS_SWAP_IN;
     }
 #undef TENSOR_OF
     for (uint32_t k = w->evict_off[i]; k < w->evict_off[i + 1]; k++) {
       uint32_t ai = w->evict[k];
       const cap_action_t *a = &plan->actions[ai];
       wtensor_t *x = &w->t[a->tensor];
-      if (x->state != W_RESIDENT)
+      if (x->state != CAP__TS_RESIDENT)
         continue; /* freed during the op */
       x->action = ai;
       x->since = i;
       if (a->method == CAP_METHOD_SWAP)
-        x->state = W_SWAPPED;
+        x->state = CAP__TS_HOST;
       else
-        x->state = cap_action_is_release(a) ? W_RELEASED : W_DROPPED;
+        x->state = cap_action_is_release(a) ? CAP__TS_RELEASED : CAP__TS_DROPPED;
     }
   }
 out:

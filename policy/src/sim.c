@@ -25,12 +25,7 @@
  * Copy engines. D2H and H2D are FIFO queues, each running one copy at a time
  * (PCIe serialises one direction). An H2D copy of a tensor whose D2H has not
  * finished waits for it, blocking its queue as cudaStreamWaitEvent would.
- * Duplex model (max-min fair share of the duplex bandwidth): one engine busy
- * runs at its own bandwidth; both busy, when h2d + d2h <= duplex both run at
- * their own bandwidth, otherwise each gets min(own, duplex/2) and whatever
- * one leaves of its half goes to the other, up to its own bandwidth:
- *   r_h = min(bw_h, max(duplex/2, duplex - min(bw_d, duplex/2)))
- * (symmetrically r_d), so r_h + r_d = duplex whenever both are limited. Rates
+ * Both busy, they share the duplex bandwidth (cap__duplex_share). Rates
  * change only when a copy starts or ends; a running copy keeps its remaining
  * bytes and its end is re-projected (rounded up to whole ns) at each change.
  *
@@ -44,6 +39,7 @@
 #include <string.h>
 
 #include "capuchin/error.h"
+#include "tensor_state.h"
 
 int64_t cap_copy_ns(uint64_t bytes, double gbps) {
   if (bytes == 0)
@@ -58,17 +54,6 @@ int64_t cap_copy_ns(uint64_t bytes, double gbps) {
     return (int64_t)r;
   return (int64_t)ceil(q);
 }
-
-enum tstate {
-  T_UNBORN = 0,  /* activation before its first access */
-  T_RESIDENT,    /* on the device */
-  T_SWAP_OUT,    /* on the device, D2H in flight or queued */
-  T_HOST,        /* evicted by swap: only the host copy exists */
-  T_SWAP_IN,     /* H2D started: device memory held, data arriving */
-  T_DROPPED,     /* evicted by recompute */
-  T_RELEASED,    /* released after its last access: no data left */
-  T_FREED,
-};
 
 typedef struct {
   uint64_t bytes;
@@ -182,25 +167,35 @@ static void settle(sim_t *s, int64_t t) {
   }
 }
 
+void cap__duplex_share(const cap_bandwidth_t *bw, double *d2h_gbps,
+                       double *h2d_gbps) {
+  double d = bw->d2h_gbps, h = bw->h2d_gbps, dup = bw->duplex_gbps;
+  if (dup > 0 && d + h > dup) {
+    double half = dup / 2;
+    if (d < half)
+      h = dup - d;
+    else if (h < half)
+      d = dup - h;
+    else
+      d = h = half;
+  }
+  *d2h_gbps = d;
+  *h2d_gbps = h;
+}
+
 /* Set rates for who is running now and re-project their ends from t. */
 static void rerate(sim_t *s, int64_t t) {
-  bool both = s->eng[0].cur >= 0 && s->eng[1].cur >= 0;
-  double dup = s->bw.duplex_gbps;
+  double rate[2];
+  rate[DIR_D2H] = own_bw(s, DIR_D2H);
+  rate[DIR_H2D] = own_bw(s, DIR_H2D);
+  if (s->eng[0].cur >= 0 && s->eng[1].cur >= 0)
+    cap__duplex_share(&s->bw, &rate[DIR_D2H], &rate[DIR_H2D]);
   for (int d = 0; d < 2; d++) {
     engine_t *e = &s->eng[d];
     if (e->cur < 0)
       continue;
-    double own = own_bw(s, d), other = own_bw(s, 1 - d), r = own;
-    if (both && dup > 0 && own + other > dup) {
-      double half = dup / 2;
-      double other_r = other < half ? other : half;
-      double mine = dup - other_r;
-      if (mine < half)
-        mine = half;
-      r = own < mine ? own : mine;
-    }
-    e->rate = r;
-    e->proj_end = t + ns_for(e->rem, r);
+    e->rate = rate[d];
+    e->proj_end = t + ns_for(e->rem, rate[d]);
   }
 }
 
@@ -228,8 +223,8 @@ static bool start_idle(sim_t *s, int64_t t) {
     e->t_mark = t;
     if (d == DIR_H2D) {
       tens_t *tt = &s->t[c->tensor];
-      if (tt->state == T_HOST) {
-        tt->state = T_SWAP_IN;
+      if (tt->state == CAP__TS_HOST) {
+        tt->state = CAP__TS_SWAP_IN;
         t_alloc(s, c->tensor, t);
       }
     }
@@ -259,12 +254,12 @@ static void step(sim_t *s) {
     c->end_t = t;
     tens_t *tt = &s->t[c->tensor];
     if (d == DIR_D2H) {
-      if (tt->state == T_SWAP_OUT) {
-        tt->state = T_HOST;
+      if (tt->state == CAP__TS_SWAP_OUT) {
+        tt->state = CAP__TS_HOST;
         t_release(s, c->tensor, t);
       }
-    } else if (tt->state == T_SWAP_IN) {
-      tt->state = T_RESIDENT;
+    } else if (tt->state == CAP__TS_SWAP_IN) {
+      tt->state = CAP__TS_RESIDENT;
     }
     e->cur = -1;
   }
@@ -329,10 +324,10 @@ static void note_late(sim_t *s, uint32_t action, int64_t late) {
 static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
   tens_t *tt = &s->t[id];
   switch (tt->state) {
-  case T_HOST:
-  case T_SWAP_OUT:
-  case T_SWAP_IN: {
-    if (tt->state == T_SWAP_OUT && tt->action == CAP_NONE)
+  case CAP__TS_HOST:
+  case CAP__TS_SWAP_OUT:
+  case CAP__TS_SWAP_IN: {
+    if (tt->state == CAP__TS_SWAP_OUT && tt->action == CAP_NONE)
       return t;
     uint32_t ci = 2 * tt->action + 1;
     if (!s->copies[ci].issued) {
@@ -348,8 +343,8 @@ static int64_t ensure(sim_t *s, uint32_t id, int64_t t) {
     advance_to(s, t);
     return t;
   }
-  case T_DROPPED:  /* never restored implicitly */
-  case T_RELEASED: /* accessed after its last access */
+  case CAP__TS_DROPPED:  /* never restored implicitly */
+  case CAP__TS_RELEASED: /* accessed after its last access */
     s->err = CAP_EINVAL;
     return t;
   default:
@@ -373,10 +368,10 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       /* Nothing comes back implicitly (cap_plan_walk has checked this):
        * an input is on the device, or its prefetch has been issued and the
        * replay waits for it. */
-      bool coming = (x->state == T_HOST || x->state == T_SWAP_OUT) &&
+      bool coming = (x->state == CAP__TS_HOST || x->state == CAP__TS_SWAP_OUT) &&
                     x->action != CAP_NONE &&
                     s->copies[2 * x->action + 1].issued;
-      if (x->state != T_RESIDENT && x->state != T_SWAP_IN && !coming) {
+      if (x->state != CAP__TS_RESIDENT && x->state != CAP__TS_SWAP_IN && !coming) {
         s->err = CAP_EINVAL;
         break;
       }
@@ -390,8 +385,8 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       tens_t *yt = &s->t[y];
       if (lists_tensor(in, o->n_in, y) || yt->temp_gen == s->list_gen)
         continue; /* in place or a view: no new storage */
-      if (yt->state == T_DROPPED) {
-        yt->state = T_RESIDENT; /* restored by the replay */
+      if (yt->state == CAP__TS_DROPPED) {
+        yt->state = CAP__TS_RESIDENT; /* restored by the replay */
         yt->action = CAP_NONE;
         t_alloc(s, y, t);
         continue;
@@ -420,7 +415,7 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
     t_release(s, s->temps[i], t);
   }
   s->n_temps = 0;
-  if (owner->state == T_DROPPED) /* the list did not produce it */
+  if (owner->state == CAP__TS_DROPPED) /* the list did not produce it */
     s->err = CAP_EINVAL;
   return t;
 }
@@ -428,16 +423,16 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
 static void do_free(sim_t *s, uint32_t id, int64_t t) {
   tens_t *tt = &s->t[id];
   switch (tt->state) {
-  case T_RESIDENT:
-  case T_SWAP_OUT:
-  case T_SWAP_IN:
+  case CAP__TS_RESIDENT:
+  case CAP__TS_SWAP_OUT:
+  case CAP__TS_SWAP_IN:
     advance_to(s, t);
     t_release(s, id, t);
     break;
   default:
     break;
   }
-  tt->state = T_FREED;
+  tt->state = CAP__TS_FREED;
 }
 
 /* --- setup ----------------------------------------------------------------- */
@@ -595,7 +590,7 @@ static void simulate(sim_t *s) {
    * inside persistent_bytes (profile.h explains why that is not their sum). */
   for (uint32_t i = 0; i < p->n_tensors; i++)
     if (cap_tensor_is_resident(&p->tensors[i]))
-      s->t[i].state = T_RESIDENT;
+      s->t[i].state = CAP__TS_RESIDENT;
   mem_change(s, 0, (int64_t)p->persistent_bytes);
   if (s->n_pts == 0) { /* keep a point at 0 even with nothing persistent */
     s->pts = malloc(1024 * sizeof *s->pts);
@@ -634,14 +629,14 @@ static void simulate(sim_t *s) {
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       tens_t *tt = &s->t[id];
-      if ((tt->state == T_HOST || tt->state == T_SWAP_OUT) &&
+      if ((tt->state == CAP__TS_HOST || tt->state == CAP__TS_SWAP_OUT) &&
           tt->action != CAP_NONE && !s->copies[2 * tt->action + 1].issued)
         issue_copy(s, 2 * tt->action + 1, ready);
     }
     int64_t t = ready;
     for (uint32_t j = 0; j < n_all && !s->err; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
-      if (s->t[id].state == T_DROPPED)
+      if (s->t[id].state == CAP__TS_DROPPED)
         t = run_list(s, s->t[id].action, t);
     }
     for (uint32_t j = 0; j < n_all && !s->err; j++) {
@@ -656,13 +651,13 @@ static void simulate(sim_t *s) {
     for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
       uint32_t ai = s->trig[k];
       tens_t *tt = &s->t[plan->actions[ai].tensor];
-      if (tt->action == ai && (tt->state == T_HOST || tt->state == T_SWAP_OUT))
+      if (tt->action == ai && (tt->state == CAP__TS_HOST || tt->state == CAP__TS_SWAP_OUT))
         issue_copy(s, 2 * ai + 1, start);
     }
     for (uint32_t j = 0; j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
-      if (s->t[id].state == T_UNBORN) {
-        s->t[id].state = T_RESIDENT;
+      if (s->t[id].state == CAP__TS_UNBORN) {
+        s->t[id].state = CAP__TS_RESIDENT;
         t_alloc(s, id, start);
       }
     }
@@ -677,15 +672,15 @@ static void simulate(sim_t *s) {
       uint32_t ai = s->evict[k];
       const cap_action_t *a = &plan->actions[ai];
       tens_t *tt = &s->t[a->tensor];
-      if (tt->state != T_RESIDENT)
+      if (tt->state != CAP__TS_RESIDENT)
         continue; /* freed already */
       tt->action = ai;
       if (a->method == CAP_METHOD_RECOMPUTE) {
-        tt->state = cap_action_is_release(a) ? T_RELEASED : T_DROPPED;
+        tt->state = cap_action_is_release(a) ? CAP__TS_RELEASED : CAP__TS_DROPPED;
         t_release(s, a->tensor, end);
         continue;
       }
-      tt->state = T_SWAP_OUT;
+      tt->state = CAP__TS_SWAP_OUT;
       out->swap_out_bytes += tt->bytes;
       issue_copy(s, 2 * ai, end);
       if (a->flags & CAP_ACTION_SYNC_OUT) {

@@ -21,8 +21,19 @@ typedef struct cap_bandwidth {
   double duplex_gbps; /* both directions at once, in total */
 } cap_bandwidth_t;
 
-/* The H100 figures of tests/data/traces/FORMAT.md. */
+/* The H100 figures of tests/data/traces/FORMAT.md: the defaults of the
+ * planner, the tools and the client's sim backend. */
 #define CAP_BANDWIDTH_H100 ((cap_bandwidth_t){55.1, 55.1, 85.8})
+
+/* The copy engines' duplex model, one for the simulator here and the
+ * client's sim backend (internal to Capuchin): the rates, GB/s, of a D2H
+ * and an H2D copy running at once. Each runs at its own bandwidth when the
+ * two fit the duplex bandwidth together; otherwise they share it max-min
+ * fairly: each gets min(own, duplex/2), and what one leaves of its half
+ * goes to the other, so the two add up to the duplex bandwidth. A copy
+ * running alone runs at its own bandwidth. A duplex of 0: no limit. */
+void cap__duplex_share(const cap_bandwidth_t *bw, double *d2h_gbps,
+                       double *h2d_gbps);
 
 typedef struct cap_sim_prefetch {
   uint32_t action; /* index into plan->actions */
