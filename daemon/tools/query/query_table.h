@@ -51,8 +51,6 @@ int cap_qtable_set_real(cap_qtable_t *t, int col, double v);
  * map one to one onto the table's columns. Returns 0 or CAP_ESTORE. */
 int cap_qtable_add_rows(cap_qtable_t *t, struct sqlite3_stmt *st);
 
-int cap_qtable_n_rows(const cap_qtable_t *t);
-
 /* Print the whole table. JSON: an array of objects. */
 int cap_qtable_print(const cap_qtable_t *t, cap_qfmt_t fmt, FILE *f);
 /* Print row i as one JSON object (for composite JSON documents). */

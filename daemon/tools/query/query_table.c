@@ -43,10 +43,6 @@ void cap_qtable_destroy(cap_qtable_t *t) {
   free(t);
 }
 
-int cap_qtable_n_rows(const cap_qtable_t *t) {
-  return t->n_rows;
-}
-
 int cap_qtable_row(cap_qtable_t *t) {
   if (t->n_rows == t->cap_rows) {
     int nc = t->cap_rows ? t->cap_rows * 2 : 32;
