@@ -4,7 +4,7 @@
  * valid and checked by the simulator to stay within its budget when it
  * says it fits; `capuchin` is feasible wherever any baseline is, and its
  * simulated iteration time is no worse than the best feasible baseline's
- * (0.5 % tolerance).
+ * (0.5 % tolerance). tests/bench/bench_policies prints the same table.
  *
  * CAP_TABLE_TRACES=resnet50,vgg16 limits the traces (for slow sanitizer
  * builds); by default the whole table runs.
