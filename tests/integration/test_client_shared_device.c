@@ -81,14 +81,6 @@ static uint64_t budget_of(cap_client_t *c) {
   return st.budget_bytes;
 }
 
-static void stop_daemon(tc_daemon_t *d) {
-  CHECK_EQ(tc_daemon_stop(d), 0);
-  if (!cap_test_failed_checks)
-    tc_daemon_cleanup(d);
-  else
-    fprintf(stderr, "log: %s\n", d->log);
-}
-
 static void test_one_uuid_shares_after_the_cut_is_given_back(void) {
   tc_daemon_t d;
   const char *extra[] = {"--budget-ack-timeout-ms", "600000", NULL};
@@ -139,7 +131,7 @@ static void test_one_uuid_shares_after_the_cut_is_given_back(void) {
   CHECK(tc_daemon_log_contains(&d, "confirmed"));
   cap_client_destroy(b);
   cap_client_destroy(a);
-  stop_daemon(&d);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 static void test_two_uuids_do_not_share(void) {
@@ -157,7 +149,7 @@ static void test_two_uuids_do_not_share(void) {
   CHECK_EQ(budget_of(b), REQUEST_BYTES);
   cap_client_destroy(b);
   cap_client_destroy(a);
-  stop_daemon(&d);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 int main(void) {

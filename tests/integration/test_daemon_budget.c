@@ -97,11 +97,7 @@ static void run_shares(const char *const *extra, uint64_t hello_total,
     CHECK_EQ(pa->budget_bytes, req);
   cap_plan_destroy(pa);
   tc_close(&a);
-  CHECK_EQ(tc_daemon_stop(&d), 0);
-  if (!cap_test_failed_checks)
-    tc_daemon_cleanup(&d);
-  else
-    fprintf(stderr, "log: %s\n", d.log);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 static void test_shares_from_hello_device_total(void) {
@@ -127,12 +123,13 @@ static uint64_t tight_total(uint64_t req) {
   return 2 * req - 2 * (req - P->persistent_bytes) * 3 / 10;
 }
 
-static void stop_daemon(tc_daemon_t *d) {
-  CHECK_EQ(tc_daemon_stop(d), 0);
-  if (!cap_test_failed_checks)
-    tc_daemon_cleanup(d);
-  else
-    fprintf(stderr, "log: %s\n", d->log);
+/* A job on device `uuid` asking for all it needs, confirming cuts. */
+static tc_hello_args_t job_on(const char *job, const char *uuid) {
+  uint64_t req = cap_profile_budget_pct(P, 100);
+  return (tc_hello_args_t){.job = job, .budget_bytes = req,
+                           .device_total_bytes = tight_total(req),
+                           .persistent_bytes = P->persistent_bytes,
+                           .device_uuid = uuid, .acks_budget = true};
 }
 
 static void send_budget_ack(tc_t *c, uint64_t budget, uint64_t held) {
@@ -150,12 +147,7 @@ static void test_different_uuids_do_not_share(void) {
   uint64_t req = cap_profile_budget_pct(P, 100);
   tc_t a, b;
   tc_welcome_t wa, wb;
-  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
-                        .device_total_bytes = tight_total(req),
-                        .device_uuid = UUID_A, .acks_budget = true};
-  tc_hello_args_t hb = ha;
-  hb.job = "job-b";
-  hb.device_uuid = UUID_B;
+  tc_hello_args_t ha = job_on("job-a", UUID_A), hb = job_on("job-b", UUID_B);
   REQUIRE(tc_connect(&a, d.sock) == 0);
   REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
   REQUIRE(tc_connect(&b, d.sock) == 0);
@@ -166,7 +158,7 @@ static void test_different_uuids_do_not_share(void) {
   CHECK_EQ(wait_budget(&a, NULL, 1000), 0); /* a is not cut */
   tc_close(&a);
   tc_close(&b);
-  stop_daemon(&d);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 /* One UUID: b's Hello cuts a at once, but b is welcomed (given memory)
@@ -179,12 +171,7 @@ static void test_cut_waits_for_confirmation(void) {
   uint64_t req = cap_profile_budget_pct(P, 100), total = tight_total(req);
   tc_t a, b;
   tc_welcome_t wa, wb;
-  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
-                        .device_total_bytes = total,
-                        .persistent_bytes = P->persistent_bytes,
-                        .device_uuid = UUID_A, .acks_budget = true};
-  tc_hello_args_t hb = ha;
-  hb.job = "job-b";
+  tc_hello_args_t ha = job_on("job-a", UUID_A), hb = job_on("job-b", UUID_A);
   REQUIRE(tc_connect(&a, d.sock) == 0);
   REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
   CHECK_EQ(wa.budget_bytes, req);
@@ -205,7 +192,7 @@ static void test_cut_waits_for_confirmation(void) {
   CHECK(tc_daemon_log_contains(&d, "confirmed"));
   tc_close(&a);
   tc_close(&b);
-  stop_daemon(&d);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 /* A job that never confirms holds the others back only until
@@ -217,11 +204,7 @@ static void test_unconfirmed_cut_times_out(void) {
   uint64_t req = cap_profile_budget_pct(P, 100);
   tc_t a, b;
   tc_welcome_t wa, wb;
-  tc_hello_args_t ha = {.job = "job-a", .budget_bytes = req,
-                        .device_total_bytes = tight_total(req),
-                        .device_uuid = UUID_A, .acks_budget = true};
-  tc_hello_args_t hb = ha;
-  hb.job = "job-b";
+  tc_hello_args_t ha = job_on("job-a", UUID_A), hb = job_on("job-b", UUID_A);
   REQUIRE(tc_connect(&a, d.sock) == 0);
   REQUIRE(tc_hello(&a, &ha, &wa, 10000) == 0);
   REQUIRE(tc_connect(&b, d.sock) == 0);
@@ -230,7 +213,7 @@ static void test_unconfirmed_cut_times_out(void) {
   CHECK(tc_daemon_log_contains(&d, "did not confirm its budget cut"));
   tc_close(&a);
   tc_close(&b);
-  stop_daemon(&d);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 int main(void) {

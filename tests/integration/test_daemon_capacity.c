@@ -50,11 +50,7 @@ static void watch(tc_t *c, int timeout_ms, seen_t *s) {
 }
 
 static void finish(tc_daemon_t *d) {
-  CHECK_EQ(tc_daemon_stop(d), 0);
-  if (!cap_test_failed_checks)
-    tc_daemon_cleanup(d);
-  else
-    fprintf(stderr, "log: %s\n", d->log);
+  CHECK_EQ(tc_daemon_finish(d, cap_test_failed_checks), 0);
 }
 
 static void test_claims_far_from_the_others_are_ignored(void) {

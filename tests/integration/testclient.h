@@ -69,6 +69,9 @@ static void tc_daemon_kill9(tc_daemon_t *d);
 static int tc_run_capture(const char *const *argv, char *out, size_t out_len);
 static bool tc_daemon_log_contains(const tc_daemon_t *d, const char *needle);
 static void tc_daemon_cleanup(tc_daemon_t *d); /* removes the temp folder */
+/* Stop the daemon; then remove its folder when the test passed (failed:
+ * false), or keep it and print where its log is. Returns the exit status. */
+static int tc_daemon_finish(tc_daemon_t *d, bool failed);
 
 static int tc_connect(tc_t *c, const char *sock);
 static void tc_close(tc_t *c);

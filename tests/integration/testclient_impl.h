@@ -151,6 +151,15 @@ static TC_UNUSED void tc_daemon_cleanup(tc_daemon_t *d) {
     fprintf(stderr, "cannot remove %s\n", d->dir);
 }
 
+static TC_UNUSED int tc_daemon_finish(tc_daemon_t *d, bool failed) {
+  int st = tc_daemon_stop(d);
+  if (!failed)
+    tc_daemon_cleanup(d);
+  else
+    fprintf(stderr, "log: %s\n", d->log);
+  return st;
+}
+
 static TC_UNUSED bool tc_daemon_log_contains(const tc_daemon_t *d,
                                              const char *needle) {
   FILE *f = fopen(d->log, "r");
