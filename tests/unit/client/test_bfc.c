@@ -402,6 +402,35 @@ static void test_growth_and_trim(void) {
   CHECK_EQ(live_arenas(&f), 0);
 }
 
+/* What keeps the emptiest arena from going back: its live allocations. */
+static void test_emptiest_arena(void) {
+  fake_src f;
+  fake_init(&f);
+  cap_bfc_config_t cfg;
+  cap_bfc_config_init(&cfg);
+  cfg.initial_arena_bytes = 65536;
+  cfg.max_arena_bytes = 262144;
+  cap_bfc_source_t src = {fake_alloc, fake_free, &f};
+  cap_bfc_t *a = NULL;
+  REQUIRE(cap_bfc_create(&cfg, &src, &a) == 0);
+  void *out[4];
+  CHECK_EQ(cap_bfc_emptiest_arena(a, out, 4), CAP_ENOENT); /* no arena */
+  void *p, *q, *r;
+  REQUIRE(cap_bfc_alloc(a, 65536, &p) == 0); /* fills arena 1: 64 KiB */
+  REQUIRE(cap_bfc_alloc(a, 1000, &q) == 0);  /* arena 2: 128 KiB */
+  REQUIRE(cap_bfc_alloc(a, 2000, &r) == 0);  /* arena 2 */
+  CHECK_EQ(cap_bfc_emptiest_arena(a, out, 4), 2); /* 3 KiB in arena 2 */
+  CHECK(out[0] == q && out[1] == r);          /* in address order */
+  CHECK_EQ(cap_bfc_emptiest_arena(a, out, 1), CAP_ENOENT); /* too many */
+  CHECK_EQ(cap_bfc_free(a, q), 0);
+  CHECK_EQ(cap_bfc_free(a, r), 0);
+  CHECK_EQ(cap_bfc_emptiest_arena(a, out, 4), 0); /* arena 2 is free */
+  CHECK_EQ(cap_bfc_trim(a), 131072);
+  CHECK_EQ(cap_bfc_emptiest_arena(a, out, 4), 1);
+  CHECK(out[0] == p);
+  cap_bfc_destroy(a);
+}
+
 static void test_source_failure(void) {
   fake_src f;
   fake_init(&f);
@@ -649,6 +678,7 @@ int main(void) {
   RUN_TEST(test_beyond_arena_limit);
   RUN_TEST(test_find_window);
   RUN_TEST(test_growth_and_trim);
+  RUN_TEST(test_emptiest_arena);
   RUN_TEST(test_source_failure);
   RUN_TEST(test_faultsim_arena);
   RUN_TEST(test_faultsim_counting);
