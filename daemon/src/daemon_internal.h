@@ -304,9 +304,13 @@ void cap__session_fail(cap__session_t *s, int code, const char *fmt, ...)
 void cap__session_send_env(cap__session_t *s, const Capuchin__Envelope *env);
 /* Continue with work that waited for the previous task. */
 void cap__session_kick(cap__session_t *s);
-/* Install and push a plan (loop thread); takes ownership of plan. */
-void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
-                               int64_t plan_id);
+/* Feedback may refine the plan in force: no refinement is on trial, and
+ * none has lost one (session_work.c). */
+bool cap__session_may_refine(const cap__session_t *s);
+/* A guided iteration of iter_ns under the plan in force: a refined plan on
+ * trial is kept once it proved at least as fast as the one it came from,
+ * or that one is restored (session_work.c). */
+void cap__session_judge_refinement(cap__session_t *s, int64_t iter_ns);
 void cap__session_unref(cap__session_t *s);
 /* Close sessions past their deadlines: no Hello handshake_timeout_ms after
  * accept, or a frame begun and not finished for idle_timeout_ms while
@@ -338,7 +342,69 @@ int cap__daemon_init_core(cap_daemon_t *d, uv_loop_t *loop,
 /* Close every session and the store (after the loop stopped). */
 void cap__daemon_close_core(cap_daemon_t *d);
 
-/* --- Planning and store work (planning.c) ----------------------------------- */
+/* --- Work off the loop (planning.c) ---------------------------------------
+ * A task: its inputs, set by the submitter after cap__task_new; the work
+ * callback's outputs, read by `done` on the loop. */
+typedef struct cap__task cap__task_t;
+struct cap__task {
+  uv_work_t req;
+  cap__work_kind_t kind;
+  cap_store_t *store;
+  char planner[32];
+  cap_evict_persistent_t evict_persistent;
+  bool evicts_persistent; /* the plan computed does */
+  double headroom_pct;    /* plan this far under the budget when it fits */
+  double bw_tolerance;
+  /* inputs */
+  cap_store_job_t job;
+  char job_name[256], device_name[256];
+  uint32_t uid, gid, pid;
+  uint64_t budget;
+  cap_bandwidth_t bw;
+  uint64_t hello_signature;
+  int64_t job_id, session_id;
+  uint32_t base_version;
+  const cap_profile_t *profile; /* session's (replan, refine) */
+  int64_t profile_id;
+  uint64_t signature;
+  cap__iter_records_t rec;
+  int64_t iter_ns;
+  uint64_t peak_bytes;
+  uint64_t resident_bytes;
+  cap_feedback_t *fb;
+  uint32_t n_fb;
+  cap_plan_t *plan_in; /* refine: a clone of the plan in force */
+  bool restore;        /* refine: store plan_in as it is, no feedback */
+  cap_action_key_t *failed; /* refine: actions the client swaps instead */
+  uint32_t n_failed;
+  /* done(t, status) runs on the loop when the work is over (status: that
+   * of uv_queue_work's after-work callback); it frees t (cap__task_free). */
+  void (*done)(cap__task_t *t, int status);
+  void *ctx; /* the submitter's */
+  /* outputs */
+  int rc;
+  char err[512];
+  cap_profile_t *profile_out;
+  cap_plan_t *plan;
+  int64_t plan_id;
+  bool reused;
+  bool infeasible;
+  bool unchanged;     /* refine: no trigger could move within the budget */
+  int planner_failed; /* CAP_E* from the planner, 0 if it worked */
+  uint64_t best_peak;
+  uint64_t plan_us;
+};
+
+/* A task of this kind with the daemon's planning options; NULL on out of
+ * memory. */
+cap__task_t *cap__task_new(cap_daemon_t *d, cap__work_kind_t kind);
+/* Run t off the loop, then t->done(t) on it. 0, or uv_queue_work's error
+ * (t is then still the caller's). */
+int cap__task_submit(cap_daemon_t *d, cap__task_t *t);
+void cap__task_free(cap__task_t *t); /* and what it owns */
+
+/* --- What a session asks of the work, and what it does with the answers
+ * (session_work.c) ------------------------------------------------------- */
 void cap__work_hello(cap__session_t *s);
 void cap__work_measured(cap__session_t *s, cap__iter_records_t *rec,
                         int64_t iter_ns, uint64_t peak_bytes);

@@ -192,48 +192,7 @@ static void close_session(cap__session_t *s, const char *status) {
     cap__daemon_rebalance(s->d, s);
 }
 
-void cap__session_install_plan(cap__session_t *s, cap_plan_t *plan,
-                               int64_t plan_id) {
-  cap_plan_destroy(s->plan);
-  s->plan = plan;
-  s->plan_id = plan_id;
-  /* A new plan starts its measurements afresh; one that did not come from
-   * a refinement ends any trial (finish_plan sets plan_before after). */
-  cap_plan_destroy(s->plan_before);
-  s->plan_before = NULL;
-  s->best_ns_before = 0;
-  s->best_ns = 0;
-  s->n_guided = 0;
-  s->history[s->n_history % CAP__PLAN_HISTORY].version = plan->version;
-  s->history[s->n_history % CAP__PLAN_HISTORY].plan_id = plan_id;
-  s->n_history++;
-  Capuchin__Plan *msg = NULL;
-  int rc = cap_proto_plan_to_msg(plan, &msg);
-  char w[320];
-  if (rc != 0) {
-    cap__log(CAP_LOG_ERROR, "%s: plan %" PRId64 " cannot be sent: %s",
-             cap__session_who(s, w, sizeof w), plan_id, cap_strerror(rc));
-    return;
-  }
-  Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
-  cap_proto_envelope_set(&env, msg);
-  cap__session_send_env(s, &env);
-  cap_proto_msg_free(msg);
-  s->d->stats.plans_pushed++;
-  cap__log(CAP_LOG_INFO,
-           "%s: plan %" PRId64 " v%" PRIu32 " pushed: %" PRIu32
-           " actions, budget %" PRIu64 ", predicted peak %" PRIu64
-           " iter %" PRId64 " ns",
-           cap__session_who(s, w, sizeof w), plan_id, plan->version, plan->n_actions,
-           plan->budget_bytes, plan->predicted_peak_bytes,
-           plan->predicted_iter_ns);
-}
 
-/* Feedback refines the plan only while no refinement is on trial and none
- * has lost one (judge_refinement). */
-static bool may_refine(const cap__session_t *s) {
-  return !s->plan_before && !s->refine_off;
-}
 
 void cap__session_kick(cap__session_t *s) {
   if (s->state != CAP__S_ACTIVE)
@@ -249,7 +208,7 @@ void cap__session_kick(cap__session_t *s) {
       s->n_pending_failed = 0;
       cap__work_fall_back(s, f, n);
     } else if (s->n_pending_fb && s->plan &&
-               s->pending_fb_version == s->plan->version && may_refine(s) &&
+               s->pending_fb_version == s->plan->version && cap__session_may_refine(s) &&
                s->plan->budget_bytes == s->granted_budget) {
       cap_feedback_t *fb = s->pending_fb;
       uint32_t n = s->n_pending_fb;
@@ -322,45 +281,6 @@ static void on_hello(cap__session_t *s, const Capuchin__Hello *h) {
   cap__daemon_rebalance(s->d, s);
 }
 
-/* Capuchin's feedback moves prefetches earlier, and an earlier prefetch
- * holds device memory longer; what that costs on the client (fragmentation,
- * on-demand evictions) the simulator does not see. So a refined plan is a
- * trial: after CAP__JUDGE_ITERATIONS guided iterations its fastest must be
- * at least as fast as the fastest under the plan it came from, or that plan
- * is restored (as a new version) and this session refines no more. */
-static void judge_refinement(cap__session_t *s, int64_t iter_ns) {
-  if (iter_ns <= 0)
-    return;
-  if (!s->best_ns || iter_ns < s->best_ns)
-    s->best_ns = iter_ns;
-  s->n_guided++;
-  if (!s->plan_before || s->n_guided < CAP__JUDGE_ITERATIONS)
-    return;
-  cap_plan_t *before = s->plan_before;
-  s->plan_before = NULL;
-  char w[320];
-  if (!s->best_ns_before || s->best_ns <= s->best_ns_before) {
-    cap__log(CAP_LOG_INFO,
-             "%s: refined plan v%" PRIu32 " kept: %.3f ms at best against "
-             "%.3f ms under v%" PRIu32,
-             cap__session_who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
-             (double)s->best_ns_before / 1e6, before->version);
-    cap_plan_destroy(before);
-    return;
-  }
-  cap__log(CAP_LOG_INFO,
-           "%s: refined plan v%" PRIu32 " ran slower (%.3f ms at best against "
-           "%.3f ms under v%" PRIu32 "): restoring v%" PRIu32
-           "'s triggers; no more feedback refinement for this session",
-           cap__session_who(s, w, sizeof w), s->plan->version, (double)s->best_ns / 1e6,
-           (double)s->best_ns_before / 1e6, before->version, before->version);
-  s->refine_off = true;
-  if (s->busy != CAP__W_NONE) {
-    cap_plan_destroy(before); /* a replan is running: it decides */
-    return;
-  }
-  cap__work_restore(s, before);
-}
 
 /* The client swaps these actions instead from now on (docs/plan-semantics.md):
  * the next plan version says so, as soon as the worker is free. */
@@ -431,7 +351,7 @@ static void on_iteration_end(cap__session_t *s, const Capuchin__IterationEnd *e)
     note_failed_actions(s, e);
   if (!e->measured && it.plan_version && s->plan &&
       e->plan_version == s->plan->version)
-    judge_refinement(s, e->iter_ns);
+    cap__session_judge_refinement(s, e->iter_ns);
   char w[320];
   bool usable = e->measured && !e->incomplete && dropped == 0 && rec.n_ops;
   if (e->measured && !usable) {
@@ -490,7 +410,7 @@ static void on_feedback(cap__session_t *s, const Capuchin__Feedback *f) {
              s->granted_budget);
     return;
   }
-  if (!may_refine(s)) {
+  if (!cap__session_may_refine(s)) {
     cap__log(CAP_LOG_DEBUG,
              "session %" PRIu64 ": feedback for plan v%" PRIu32
              " not used (%s)",
