@@ -37,10 +37,15 @@ static void conf_info(void) {
   CHECK(in->device_name[0] != 0);
   CHECK(in->total_bytes > 0);
   CHECK(in->h2d_gbps > 0 && in->d2h_gbps > 0 && in->duplex_gbps > 0);
-  printf("  backend %s, device \"%s\", %.1f GiB, H2D %.1f GB/s, D2H %.1f GB/s, "
-         "duplex %.1f GB/s\n",
-         in->backend, in->device_name, (double)in->total_bytes / (1 << 30), in->h2d_gbps,
-         in->d2h_gbps, in->duplex_gbps);
+  /* The identity jobs share a device by: nvidia-smi's form on a GPU. */
+  CHECK(strlen(in->device_uuid) == 40);
+  if (!strcmp(in->backend, "cuda"))
+    CHECK(!strncmp(in->device_uuid, "GPU-", 4));
+  printf("  backend %s, device \"%s\" %s, %.1f GiB, H2D %.1f GB/s, D2H %.1f "
+         "GB/s, duplex %.1f GB/s\n",
+         in->backend, in->device_name, in->device_uuid,
+         (double)in->total_bytes / (1 << 30), in->h2d_gbps, in->d2h_gbps,
+         in->duplex_gbps);
   int64_t t1 = cap_backend_now_ns(B), t2 = cap_backend_now_ns(B);
   CHECK(t2 >= t1);
 }

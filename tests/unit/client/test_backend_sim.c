@@ -122,6 +122,27 @@ static void sim_time_scale(void) {
   cap_backend_destroy(b);
 }
 
+/* The sim device's UUID: as configured, else $CAPUCHIN_SIM_DEVICE_UUID,
+ * else the one every sim job of the machine shares. */
+static void sim_uuid(void) {
+  sim_config(1.0);
+  unsetenv("CAPUCHIN_SIM_DEVICE_UUID");
+  cap_backend_t *b = NULL;
+  REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
+  CHECK(!strcmp(cap_backend_info(b)->device_uuid, CAP_BACKEND_DEFAULT_SIM_UUID));
+  cap_backend_destroy(b);
+  setenv("CAPUCHIN_SIM_DEVICE_UUID", "SIM-e", 1);
+  REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
+  CHECK(!strcmp(cap_backend_info(b)->device_uuid, "SIM-e"));
+  cap_backend_destroy(b);
+  conf_cfg.sim_device_uuid = "SIM-c";
+  REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
+  CHECK(!strcmp(cap_backend_info(b)->device_uuid, "SIM-c"));
+  cap_backend_destroy(b);
+  conf_cfg.sim_device_uuid = NULL;
+  unsetenv("CAPUCHIN_SIM_DEVICE_UUID");
+}
+
 static void sim_capacity(void) {
   sim_config(1.0);
   conf_cfg.sim_device_bytes = 10 * MIB;
@@ -162,6 +183,7 @@ int main(void) {
   RUN_TEST(sim_duplex_exact);
   RUN_TEST(sim_serialised);
   RUN_TEST(sim_time_scale);
+  RUN_TEST(sim_uuid);
   RUN_TEST(sim_capacity);
   RUN_TEST(sim_bad_config);
   return TEST_SUMMARY();
