@@ -281,7 +281,7 @@ struct cap__session {
 
   /* Feedback as an experiment: the plan the one in force was refined
    * from, until the refined one has run CAP__JUDGE_ITERATIONS guided
-   * iterations and proved at least as fast (session.c, judge_refinement). */
+   * iterations and proved at least as fast (session_work.c). */
   cap_plan_t *plan_before;
   int64_t best_ns_before; /* fastest guided iteration under plan_before */
   int64_t best_ns;        /* fastest guided iteration under plan */
