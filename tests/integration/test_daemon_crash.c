@@ -1,7 +1,7 @@
 /*
  * kill -9 of capuchind during a burst of writes: clients keep registering
- * jobs, sending measured iterations and
- * iteration reports while the daemon is killed at a random moment. After a
+ * jobs, sending measured iterations and iteration reports while the daemon
+ * is killed at a random moment. After a
  * restart on the same database it opens, passes an integrity check, and
  * every job a client was welcomed as and every plan a client received (a
  * plan is stored before it is pushed) is there; a new job with one of those

@@ -1,7 +1,7 @@
 /*
  * A database file capuchind must not touch: one that is not an SQLite
- * database, and one whose user_version is
- * newer than this build understands. Each gives a clear error naming the
+ * database, and one whose user_version is newer than this build
+ * understands. Each gives a clear error naming the
  * file, a non-zero exit status, and leaves the file byte-for-byte as it was.
  * Also: bad command-line arguments exit 64 with usage.
  */
