@@ -1,0 +1,72 @@
+/*
+ * Placement: an address for every block of device memory a plan uses, fixed
+ * before the iteration runs (the offset planning of static-graph runtimes,
+ * here over a whole training iteration with its evictions and restores).
+ *
+ * The input is a list of *residency intervals*: a block of `bytes` that is
+ * live from `start` to `end` (half-open, any monotonic clock: the simulator's
+ * nanoseconds, or event numbers). A tensor that is evicted and brought back
+ * has one interval per stay on the device. The output is an offset per
+ * interval in one arena such that no two intervals that overlap in time
+ * overlap in bytes. The arena can never be smaller than the peak of live
+ * bytes; the ratio of the two is the plan's fragmentation.
+ */
+#ifndef CAPUCHIN_PLACEMENT_H
+#define CAPUCHIN_PLACEMENT_H
+
+#include <stdint.h>
+
+typedef struct cap_interval {
+  int64_t start, end; /* live in [start, end); start < end */
+  uint64_t bytes;     /* > 0 */
+  /* In-place sharing (MXNet's memory sharing): the interval whose block this
+   * one may take over, or CAP_NONE. The caller sets it only where that is
+   * correct: this is an output of the op that is the other's last use, and
+   * the op may write its output over that input. The two then overlap in
+   * time (during the op) but may share bytes; at most one interval takes
+   * over any block. */
+  uint32_t share;
+} cap_interval_t;
+
+typedef enum {
+  CAP_PLACE_BY_SIZE = 0,    /* largest first, each at the lowest offset that
+                               fits among the placed intervals it overlaps */
+  CAP_PLACE_BY_BREADTH = 1, /* instants with the most live bytes first; at
+                               each, its unplaced intervals largest first */
+  CAP_PLACE_BEST = 2,       /* every strategy above, the smallest arena */
+} cap_place_strategy_t;
+
+#define CAP_PLACE_N_STRATEGIES 2 /* the strategies CAP_PLACE_BEST tries */
+
+/* Name of a strategy ("size", "breadth", "best"), NULL if unknown. */
+const char *cap_place_strategy_name(cap_place_strategy_t s);
+
+typedef struct cap_placement {
+  uint64_t *offsets;        /* one per interval, multiples of the alignment */
+  uint32_t n;
+  uint64_t arena_bytes;     /* max of offset + aligned bytes */
+  uint64_t peak_bytes;      /* most aligned bytes live at one instant, a
+                               shared pair counted twice: only sharing can
+                               bring the arena below it */
+  cap_place_strategy_t strategy; /* the one that produced the offsets */
+  uint32_t shared;          /* intervals that took over another's block */
+} cap_placement_t;
+
+/* Place n intervals. Sizes are rounded up to `alignment` (a power of two;
+ * 0 means 256, the CUDA allocation granularity), and so are offsets. Fills
+ * *out (release it with cap_placement_close). Returns 0, CAP_EINVAL for a
+ * bad interval (start >= end, bytes 0, share out of range or itself) or
+ * strategy, CAP_ENOMEM. */
+int cap_place(const cap_interval_t *iv, uint32_t n, cap_place_strategy_t s,
+              uint64_t alignment, cap_placement_t *out);
+void cap_placement_close(cap_placement_t *pl);
+
+/* Check offsets against intervals: returns 0 when no two intervals that
+ * overlap in time overlap in bytes (a shared pair excepted), else
+ * CAP_EINVAL with the first colliding pair in *a < *b. `alignment` as in
+ * cap_place. */
+int cap_placement_check(const cap_interval_t *iv, uint32_t n,
+                        const uint64_t *offsets, uint64_t alignment,
+                        uint32_t *a, uint32_t *b);
+
+#endif /* CAPUCHIN_PLACEMENT_H */
