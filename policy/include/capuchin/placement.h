@@ -14,6 +14,7 @@
 #ifndef CAPUCHIN_PLACEMENT_H
 #define CAPUCHIN_PLACEMENT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct cap_interval {
@@ -68,5 +69,39 @@ void cap_placement_close(cap_placement_t *pl);
 int cap_placement_check(const cap_interval_t *iv, uint32_t n,
                         const uint64_t *offsets, uint64_t alignment,
                         uint32_t *a, uint32_t *b);
+
+/* --- A plan's placement ----------------------------------------------------
+ * The residency intervals of every transient tensor under a plan, as the
+ * simulator runs it (cap_sim_residency: a swapped or dropped tensor has one
+ * interval before its eviction and one from its prefetch or recompute on,
+ * a recompute list's temporaries their own), and an offset for each. An
+ * elementwise op's output may take over the block of an input whose last
+ * use is that op and whose data nobody reads after it (freed or dropped, not
+ * swapped out). */
+
+#include "capuchin/plan.h"
+#include "capuchin/profile.h"
+#include "capuchin/sim.h"
+
+typedef struct cap_plan_placement {
+  cap_residency_t *intervals; /* what the simulator saw, allocation order */
+  uint32_t n;
+  cap_placement_t placement;  /* offsets[i] for intervals[i] */
+  uint64_t persistent_bytes;  /* outside the arena */
+} cap_plan_placement_t;
+
+/* Simulate plan (NULL: unmanaged) on p and place its intervals with
+ * strategy s. The device memory the plan needs is then persistent_bytes +
+ * placement.arena_bytes. Returns 0, or what cap_sim_run or cap_place
+ * returned. */
+int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
+                   const cap_bandwidth_t *bw, cap_place_strategy_t s,
+                   cap_plan_placement_t *out);
+void cap_plan_placement_close(cap_plan_placement_t *pp);
+
+/* Whether the op of this ATen name may write its output over an input
+ * (elementwise: every output element depends on the same element of the
+ * input only). */
+bool cap_op_may_share_input(const char *aten_name);
 
 #endif /* CAPUCHIN_PLACEMENT_H */
