@@ -76,15 +76,22 @@ static bool fits_at(const placer_t *pl, uint32_t n_near, uint64_t off,
   return true;
 }
 
+/* Place interval i, and the interval tied to it (same_as) at the same
+ * offset: the neighbours are those of either. */
 static void place_one(placer_t *pl, uint32_t i) {
+  if (pl->placed[i])
+    return; /* placed with its tie */
+  uint32_t tie = pl->iv[i].same_as;
   uint32_t n_near = 0;
   for (uint32_t j = 0; j < pl->n; j++)
-    if (pl->placed[j] && overlap_in_time(&pl->iv[i], &pl->iv[j]))
+    if (pl->placed[j] && (overlap_in_time(&pl->iv[i], &pl->iv[j]) ||
+                          (tie != CAP_NONE &&
+                           overlap_in_time(&pl->iv[tie], &pl->iv[j]))))
       pl->near[n_near++] = (by_offset_t){pl->offset[j], j};
 
   uint64_t size = pl->size[i], off = 0;
   uint32_t s = pl->iv[i].share;
-  if (s != CAP_NONE && pl->placed[s] && !pl->taken[s] &&
+  if (s != CAP_NONE && tie == CAP_NONE && pl->placed[s] && !pl->taken[s] &&
       size <= pl->size[s] && fits_at(pl, n_near, pl->offset[s], size, s)) {
     pl->taken[s] = true;
     pl->shared++;
@@ -103,6 +110,10 @@ static void place_one(placer_t *pl, uint32_t i) {
   }
   pl->offset[i] = off;
   pl->placed[i] = true;
+  if (tie != CAP_NONE) {
+    pl->offset[tie] = off;
+    pl->placed[tie] = true;
+  }
   if (off + size > pl->arena)
     pl->arena = off + size;
 }
@@ -195,10 +206,16 @@ static uint64_t peak_live(const cap_interval_t *iv, const uint64_t *size,
 static int valid(const cap_interval_t *iv, uint32_t n, uint64_t alignment) {
   if ((n && !iv) || (alignment & (alignment - 1)))
     return CAP_EINVAL;
-  for (uint32_t i = 0; i < n; i++)
+  for (uint32_t i = 0; i < n; i++) {
     if (iv[i].start >= iv[i].end || !iv[i].bytes ||
         (iv[i].share != CAP_NONE && (iv[i].share >= n || iv[i].share == i)))
       return CAP_EINVAL;
+    uint32_t t = iv[i].same_as;
+    if (t != CAP_NONE &&
+        (t >= n || t == i || iv[t].same_as != i || iv[t].bytes != iv[i].bytes ||
+         overlap_in_time(&iv[i], &iv[t])))
+      return CAP_EINVAL;
+  }
   return 0;
 }
 
@@ -303,6 +320,13 @@ int cap_placement_check(const cap_interval_t *iv, uint32_t n,
     return rc ? rc : CAP_EINVAL;
   for (uint32_t i = 0; i < n; i++)
     for (uint32_t j = i + 1; j < n; j++) {
+      if (iv[i].same_as == j && offsets[i] != offsets[j]) {
+        if (a)
+          *a = i;
+        if (b)
+          *b = j;
+        return CAP_EINVAL;
+      }
       if (!overlap_in_time(&iv[i], &iv[j]))
         continue;
       uint64_t si = align_up(iv[i].bytes, alignment);

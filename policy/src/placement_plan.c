@@ -76,6 +76,7 @@ int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
   int rc = cap_sim_residency(p, plan, bw, &sim, &out->intervals, &out->n);
   if (rc)
     return rc;
+  int64_t sim_iter_ns = sim.iter_ns;
   cap_sim_result_close(&sim);
   out->persistent_bytes = p->persistent_bytes;
 
@@ -92,13 +93,32 @@ int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
     latest[t] = CAP_NONE;
   /* Intervals come in allocation order, so `latest` holds each tensor's
    * interval in force when interval i is made. */
+  uint64_t evicted_persistent = 0;
   for (uint32_t i = 0; i < n; i++) {
     const cap_residency_t *r = &out->intervals[i];
-    iv[i] = (cap_interval_t){r->start_ns,
-                             r->end_ns > r->start_ns ? r->end_ns : r->start_ns + 1,
-                             r->bytes, share_source(p, out->intervals, latest, i)};
+    int64_t end = r->end_ns > r->start_ns ? r->end_ns : r->start_ns + 1;
+    iv[i] = (cap_interval_t){.start = r->start_ns, .end = end,
+                             .bytes = r->bytes,
+                             .share = share_source(p, out->intervals, latest, i),
+                             .same_as = CAP_NONE};
+    if (r->kind == CAP_RESIDENCY_PERSISTENT)
+      evicted_persistent += r->bytes;
     latest[r->tensor] = i;
   }
+  /* A persistent tensor the plan evicts leaves the persistent region for
+   * the arena: back on the device at the end, it must be where the next
+   * iteration starts with it, at its first interval's offset. */
+  for (uint32_t i = 0; i < n; i++) {
+    const cap_residency_t *r = &out->intervals[i];
+    uint32_t last = latest[r->tensor];
+    if (r->kind == CAP_RESIDENCY_PERSISTENT && last != i &&
+        out->intervals[last].end_ns >= sim_iter_ns) {
+      iv[i].same_as = last;
+      iv[last].same_as = i;
+      iv[last].share = CAP_NONE;
+    }
+  }
+  out->persistent_bytes -= evicted_persistent;
   rc = cap_place(iv, n, s, 0, &out->placement);
   free(iv);
   free(latest);

@@ -120,6 +120,7 @@ typedef struct {
   cap_residency_t *res;
   uint32_t n_res, cap_res;
   uint32_t *open_res; /* tensor -> its open interval, CAP_NONE if none */
+  bool *had_res;      /* tensor -> has had an interval */
   uint32_t op;        /* the op being prepared or run */
   bool op_started;
   int err;
@@ -163,6 +164,7 @@ static void open_residency(sim_t *s, uint32_t id, int64_t t,
     s->cap_res = cap;
   }
   s->open_res[id] = s->n_res;
+  s->had_res[id] = true;
   s->res[s->n_res++] = (cap_residency_t){.tensor = id, .kind = how,
                                          .start_ns = t, .end_ns = -1,
                                          .bytes = s->t[id].bytes,
@@ -179,8 +181,14 @@ static void t_alloc(sim_t *s, uint32_t id, int64_t t, cap_residency_kind_t how) 
  * (the copy read it until then). */
 static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
   mem_change(s, t, -(int64_t)s->t[id].bytes);
-  /* A persistent tensor has no interval to close: it lives outside the
-   * arena of transient tensors until evicted. */
+  /* A persistent tensor evicted for the first time has been on the device
+   * since before the iteration: its first interval starts at 0. */
+  if (s->record && s->open_res[id] == CAP_NONE && !s->had_res[id]) {
+    uint32_t op = s->op;
+    s->op = 0;
+    open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT);
+    s->op = op;
+  }
   if (s->record && s->open_res[id] != CAP_NONE) {
     cap_residency_t *r = &s->res[s->open_res[id]];
     r->end_ns = t;
@@ -625,6 +633,7 @@ static void cleanup(sim_t *s) {
   free(s->pts);
   free(s->res);
   free(s->open_res);
+  free(s->had_res);
 }
 
 /* --- the iteration --------------------------------------------------------- */
@@ -788,8 +797,12 @@ static int run_sim(const cap_profile_t *p, const cap_plan_t *plan,
   s.record = res != NULL;
   if (s.record) {
     s.open_res = malloc((p->n_tensors ? p->n_tensors : 1) * sizeof *s.open_res);
-    if (!s.open_res)
+    s.had_res = calloc(p->n_tensors ? p->n_tensors : 1, sizeof *s.had_res);
+    if (!s.open_res || !s.had_res) {
+      free(s.open_res);
+      free(s.had_res);
       return CAP_ENOMEM;
+    }
     for (uint32_t i = 0; i < p->n_tensors; i++)
       s.open_res[i] = CAP_NONE;
   }

@@ -27,6 +27,10 @@ typedef struct cap_interval {
    * time (during the op) but may share bytes; at most one interval takes
    * over any block. */
   uint32_t share;
+  /* The interval that must sit at the same offset, or CAP_NONE: the two
+   * stays of a tensor that lives across the iteration's boundary (its last
+   * interval of one iteration is its first of the next). */
+  uint32_t same_as;
 } cap_interval_t;
 
 typedef enum {
@@ -56,15 +60,17 @@ typedef struct cap_placement {
 /* Place n intervals. Sizes are rounded up to `alignment` (a power of two;
  * 0 means 256, the CUDA allocation granularity), and so are offsets. Fills
  * *out (release it with cap_placement_close). Returns 0, CAP_EINVAL for a
- * bad interval (start >= end, bytes 0, share out of range or itself) or
- * strategy, CAP_ENOMEM. */
+ * bad interval (start >= end, bytes 0, share or same_as out of range or
+ * itself, same_as not mutual, two tied intervals that overlap in time or
+ * differ in size) or strategy, CAP_ENOMEM. */
 int cap_place(const cap_interval_t *iv, uint32_t n, cap_place_strategy_t s,
               uint64_t alignment, cap_placement_t *out);
 void cap_placement_close(cap_placement_t *pl);
 
 /* Check offsets against intervals: returns 0 when no two intervals that
- * overlap in time overlap in bytes (a shared pair excepted), else
- * CAP_EINVAL with the first colliding pair in *a < *b. `alignment` as in
+ * overlap in time overlap in bytes (a shared pair excepted) and tied
+ * intervals (same_as) sit at one offset, else CAP_EINVAL with the first
+ * offending pair in *a < *b. `alignment` as in
  * cap_place. */
 int cap_placement_check(const cap_interval_t *iv, uint32_t n,
                         const uint64_t *offsets, uint64_t alignment,

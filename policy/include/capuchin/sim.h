@@ -55,13 +55,16 @@ typedef enum {
   CAP_RESIDENCY_RECOMPUTED = 2,  /* restored by a recompute list */
   CAP_RESIDENCY_TEMPORARY = 3,   /* a recompute list's intermediate, kept
                                     until the list ends */
+  CAP_RESIDENCY_PERSISTENT = 4,  /* a persistent tensor the plan evicts: on
+                                    the device since before the iteration */
 } cap_residency_kind_t;
 
 /* One stay of a transient tensor on the device: from its allocation to its
  * eviction or free, in the simulator's time (an H2D copy holds its memory
  * from the copy's start, a D2H until the copy ends). A tensor still there
  * at the end of the iteration stays until iter_ns. Persistent tensors have
- * none unless a plan evicts one and brings it back. */
+ * none unless the plan evicts one: then one from 0 to its eviction, and
+ * one for each return. */
 typedef struct cap_residency {
   uint32_t tensor;
   cap_residency_kind_t kind;
