@@ -120,7 +120,7 @@ int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
   }
   out->persistent_bytes -= evicted_persistent;
   rc = cap_place(iv, n, s, 0, &out->placement);
-  free(iv);
+  out->blocks = iv;
   free(latest);
   if (rc)
     cap_plan_placement_close(out);
@@ -131,6 +131,7 @@ void cap_plan_placement_close(cap_plan_placement_t *pp) {
   if (!pp)
     return;
   free(pp->intervals);
+  free(pp->blocks);
   cap_placement_close(&pp->placement);
   *pp = (cap_plan_placement_t){0};
 }

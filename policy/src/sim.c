@@ -110,6 +110,7 @@ typedef struct {
   uint32_t *evict_off, *evict; /* actions evicting after the op */
   uint32_t list_gen;
   uint32_t *temps; /* temporaries of the running recompute list */
+  uint32_t *temp_res; /* their residency intervals (when recording) */
   uint32_t n_temps, cap_temps;
   /* Memory curve being built. */
   cap_curve_point_t *pts;
@@ -151,51 +152,64 @@ static void mem_change(sim_t *s, int64_t t, int64_t delta) {
   s->pts[s->n_pts++] = (cap_curve_point_t){t, s->mem};
 }
 
-static void open_residency(sim_t *s, uint32_t id, int64_t t,
-                           cap_residency_kind_t how) {
+/* Open an interval for tensor id; returns its index (CAP_NONE when not
+ * recording or out of memory). A list temporary may coexist with the
+ * tensor's own interval (the replay makes a second copy of a resident
+ * output), so it is not the tensor's open interval: the list closes it. */
+static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
+                               cap_residency_kind_t how) {
+  if (!s->record || s->err)
+    return CAP_NONE;
   if (s->n_res == s->cap_res) {
     uint32_t cap = s->cap_res ? s->cap_res * 2 : 1024;
     cap_residency_t *nr = realloc(s->res, (size_t)cap * sizeof *nr);
     if (!nr) {
       s->err = CAP_ENOMEM;
-      return;
+      return CAP_NONE;
     }
     s->res = nr;
     s->cap_res = cap;
   }
-  s->open_res[id] = s->n_res;
+  if (how != CAP_RESIDENCY_TEMPORARY)
+    s->open_res[id] = s->n_res;
   s->had_res[id] = true;
-  s->res[s->n_res++] = (cap_residency_t){.tensor = id, .kind = how,
-                                         .start_ns = t, .end_ns = -1,
-                                         .bytes = s->t[id].bytes,
-                                         .first_op = s->op,
-                                         .last_op = CAP_NONE};
+  s->res[s->n_res] = (cap_residency_t){.tensor = id, .kind = how,
+                                       .start_ns = t, .end_ns = -1,
+                                       .bytes = s->t[id].bytes,
+                                       .first_op = s->op,
+                                       .last_op = CAP_NONE};
+  return s->n_res++;
 }
 
-static void t_alloc(sim_t *s, uint32_t id, int64_t t, cap_residency_kind_t how) {
+static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out) {
+  if (r == CAP_NONE)
+    return;
+  s->res[r].end_ns = t;
+  s->res[r].last_op = s->op_started ? s->op : s->op - 1;
+  s->res[r].copied_out = copied_out;
+}
+
+static uint32_t t_alloc(sim_t *s, uint32_t id, int64_t t,
+                        cap_residency_kind_t how) {
   mem_change(s, t, (int64_t)s->t[id].bytes);
-  if (s->record && !s->err)
-    open_residency(s, id, t, how);
+  return open_residency(s, id, t, how);
 }
 /* copied_out: the memory is given back because a D2H copy of it ended
  * (the copy read it until then). */
 static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
   mem_change(s, t, -(int64_t)s->t[id].bytes);
+  if (!s->record)
+    return;
   /* A persistent tensor evicted for the first time has been on the device
    * since before the iteration: its first interval starts at 0. */
-  if (s->record && s->open_res[id] == CAP_NONE && !s->had_res[id]) {
+  if (s->open_res[id] == CAP_NONE && !s->had_res[id]) {
     uint32_t op = s->op;
     s->op = 0;
     open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT);
     s->op = op;
   }
-  if (s->record && s->open_res[id] != CAP_NONE) {
-    cap_residency_t *r = &s->res[s->open_res[id]];
-    r->end_ns = t;
-    r->last_op = s->op_started ? s->op : s->op - 1;
-    r->copied_out = copied_out;
-    s->open_res[id] = CAP_NONE;
-  }
+  close_residency(s, s->open_res[id], t, copied_out);
+  s->open_res[id] = CAP_NONE;
 }
 
 /* --- copy engines ---------------------------------------------------------- */
@@ -447,16 +461,20 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       if (s->n_temps == s->cap_temps) {
         uint32_t cap = s->cap_temps ? s->cap_temps * 2 : 64;
         uint32_t *nt = realloc(s->temps, (size_t)cap * sizeof *nt);
-        if (!nt) {
+        if (nt)
+          s->temps = nt;
+        uint32_t *nr = realloc(s->temp_res, (size_t)cap * sizeof *nr);
+        if (nr)
+          s->temp_res = nr;
+        if (!nt || !nr) {
           s->err = CAP_ENOMEM;
           break;
         }
-        s->temps = nt;
         s->cap_temps = cap;
       }
-      s->temps[s->n_temps++] = y;
       yt->temp_gen = s->list_gen;
-      t_alloc(s, y, t, CAP_RESIDENCY_TEMPORARY);
+      s->temp_res[s->n_temps] = t_alloc(s, y, t, CAP_RESIDENCY_TEMPORARY);
+      s->temps[s->n_temps++] = y;
     }
     int64_t dur = o->end_ns - o->start_ns;
     t += dur;
@@ -465,7 +483,8 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
   advance_to(s, t);
   for (uint32_t i = 0; i < s->n_temps; i++) {
     s->t[s->temps[i]].temp_gen = 0;
-    t_release(s, s->temps[i], t, false);
+    mem_change(s, t, -(int64_t)s->t[s->temps[i]].bytes);
+    close_residency(s, s->temp_res[i], t, false);
   }
   s->n_temps = 0;
   if (owner->state == T_DROPPED) /* the list did not produce it */
@@ -630,6 +649,7 @@ static void cleanup(sim_t *s) {
   free(s->evict_off);
   free(s->evict);
   free(s->temps);
+  free(s->temp_res);
   free(s->pts);
   free(s->res);
   free(s->open_res);

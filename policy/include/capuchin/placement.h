@@ -91,6 +91,9 @@ int cap_placement_check(const cap_interval_t *iv, uint32_t n,
 
 typedef struct cap_plan_placement {
   cap_residency_t *intervals; /* what the simulator saw, allocation order */
+  cap_interval_t *blocks;     /* what was placed: blocks[i] for intervals[i]
+                                 (times widened to at least 1 ns, sharing
+                                 and ties set) */
   uint32_t n;
   cap_placement_t placement;  /* offsets[i] for intervals[i] */
   uint64_t persistent_bytes;  /* outside the arena */
