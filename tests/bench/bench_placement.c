@@ -6,6 +6,11 @@
  * to place (median of 5). "fits" says whether persistent + arena stays
  * within the budget.
  *
+ * Then planning with placement (cap_plan_compute_placed) against aiming a
+ * fixed 6 % under the budget (the daemon's alloc-headroom default before
+ * placement): the simulated overhead of each over the unmanaged iteration,
+ * and whether persistent + arena fits the budget.
+ *
  *   bench_placement [--quick]
  */
 #include <stdio.h>
@@ -46,6 +51,60 @@ static cap_plan_t *plan_at(const cap_profile_t *p, double pct, bool *evict) {
     }
   }
   return NULL;
+}
+
+static double overhead_pct(const cap_profile_t *p, const cap_plan_t *plan) {
+  const cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  cap_sim_result_t base, r;
+  if (cap_sim_run(p, NULL, &bw, &base) || cap_sim_run(p, plan, &bw, &r))
+    return -1;
+  double o = 100.0 * (double)(r.iter_ns - base.iter_ns) / (double)base.iter_ns;
+  cap_sim_result_close(&base);
+  cap_sim_result_close(&r);
+  return o;
+}
+
+static void planning_table(void) {
+  printf("\nplanning with placement: overhead %% (fits?) aiming 6 %% under the "
+         "budget | planning the arena into the budget\n");
+  printf("%-13s %4s %18s %18s\n", "trace", "pct", "headroom 6 %", "placed");
+  for (size_t ti = 0; ti < sizeof traces / sizeof *traces; ti++) {
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/tests/data/traces/%s.trace", CAP_SOURCE_DIR,
+             traces[ti]);
+    cap_profile_t *p = NULL;
+    if (cap_trace_load(path, &p, err, sizeof err))
+      continue;
+    for (size_t pi = 0; pi < sizeof pcts / sizeof *pcts; pi++) {
+      char cell[2][32];
+      for (int way = 0; way < 2; way++) {
+        snprintf(cell[way], sizeof cell[way], "no plan");
+        for (int e = 0; e < 2; e++) {
+          uint64_t budget = cap_profile_budget_pct(p, pcts[pi]);
+          cap_plan_config_t cfg;
+          cap_plan_config_init(&cfg, way ? budget : budget - budget * 6 / 100);
+          cfg.evict_persistent = e;
+          cap_plan_t *plan = NULL;
+          cap_plan_placement_t pp = {0};
+          int rc = way ? cap_plan_compute_placed(p, "capuchin", &cfg, &plan, &pp)
+                       : cap_plan_compute(p, "capuchin", &cfg, &plan);
+          if (!rc && !way)
+            rc = cap_plan_place(p, plan, &cfg.bw, CAP_PLACE_BEST, &pp);
+          if (!rc) {
+            bool fits = pp.persistent_bytes + pp.placement.arena_bytes <= budget;
+            snprintf(cell[way], sizeof cell[way], "%.2f %s%s",
+                     overhead_pct(p, plan), fits ? "yes" : "NO", e ? " ep" : "");
+          }
+          cap_plan_destroy(plan);
+          cap_plan_placement_close(&pp);
+          if (!rc)
+            break;
+        }
+      }
+      printf("%-13s %4.0f %18s %18s\n", traces[ti], pcts[pi], cell[0], cell[1]);
+    }
+    cap_profile_destroy(p);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -100,5 +159,6 @@ int main(int argc, char **argv) {
     }
     cap_profile_destroy(p);
   }
+  planning_table();
   return 0;
 }

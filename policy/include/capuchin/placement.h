@@ -86,6 +86,7 @@ int cap_placement_check(const cap_interval_t *iv, uint32_t n,
  * swapped out). */
 
 #include "capuchin/plan.h"
+#include "capuchin/planner.h"
 #include "capuchin/profile.h"
 #include "capuchin/sim.h"
 
@@ -107,6 +108,20 @@ int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
                    const cap_bandwidth_t *bw, cap_place_strategy_t s,
                    cap_plan_placement_t *out);
 void cap_plan_placement_close(cap_plan_placement_t *pp);
+
+/* Plan so that the placement fits: cap_plan_compute with the named planner,
+ * then cap_plan_place (best strategy); while persistent_bytes + arena
+ * exceeds cfg->budget_bytes, plan again aiming that much lower (the planner
+ * evicts more or restores later), a few times at most. Returns 0 with *plan
+ * and *placement whose need fits the budget (plan->budget_bytes is then the
+ * budget the planner aimed at, at most cfg->budget_bytes);
+ * CAP_EINFEASIBLE when no plan's placement fits, with the last plan and its
+ * placement (the smallest need reached in placement->persistent_bytes +
+ * arena); what cap_plan_compute returned otherwise. Both outputs are the
+ * caller's. */
+int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
+                            const cap_plan_config_t *cfg, cap_plan_t **plan,
+                            cap_plan_placement_t *placement);
 
 /* Whether the op of this ATen name may write its output over an input
  * (elementwise: every output element depends on the same element of the
