@@ -19,6 +19,26 @@ static uint64_t need_of(const cap_plan_placement_t *pp) {
   return pp->persistent_bytes + pp->placement.arena_bytes;
 }
 
+/* One round: plan aiming at c->budget_bytes and place. */
+static int plan_round(const cap_profile_t *p, const char *planner,
+                      const cap_plan_config_t *c, cap_plan_t **plan,
+                      cap_plan_placement_t *pp) {
+  *plan = NULL;
+  int rc = cap_plan_compute(p, planner, c, plan);
+  if (rc && !(rc == CAP_EINFEASIBLE && *plan)) {
+    cap_plan_destroy(*plan);
+    *plan = NULL;
+    return rc;
+  }
+  int prc = cap_plan_place(p, *plan, &c->bw, CAP_PLACE_BEST, pp);
+  if (prc) {
+    cap_plan_destroy(*plan);
+    *plan = NULL;
+    return prc;
+  }
+  return rc;
+}
+
 int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
                             const cap_plan_config_t *cfg, cap_plan_t **plan,
                             cap_plan_placement_t *placement) {
@@ -27,19 +47,13 @@ int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
   *plan = NULL;
   *placement = (cap_plan_placement_t){0};
   cap_plan_config_t c = *cfg;
+  int rc = 0;
   for (int round = 0; round < MAX_ROUNDS; round++) {
-    cap_plan_t *pl = NULL;
-    int rc = cap_plan_compute(p, planner, &c, &pl);
-    if (rc && !(rc == CAP_EINFEASIBLE && pl)) {
-      cap_plan_destroy(pl);
-      return *plan ? CAP_EINFEASIBLE : rc;
-    }
+    cap_plan_t *pl;
     cap_plan_placement_t pp;
-    int prc = cap_plan_place(p, pl, &c.bw, CAP_PLACE_BEST, &pp);
-    if (prc) {
-      cap_plan_destroy(pl);
-      return prc;
-    }
+    rc = plan_round(p, planner, &c, &pl, &pp);
+    if (!pl) /* an error, or nothing at all from the planner */
+      break;
     /* Keep the plan whose placement needs least (the last one, normally). */
     if (!*plan || need_of(&pp) < need_of(placement)) {
       cap_plan_destroy(*plan);
@@ -50,15 +64,28 @@ int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
       cap_plan_destroy(pl);
       cap_plan_placement_close(&pp);
     }
-    if (rc == CAP_EINFEASIBLE) /* the planner found none at this aim */
-      return CAP_EINFEASIBLE;
+    if (rc) /* the planner found none at this aim: lower will not help */
+      break;
     uint64_t need = need_of(placement);
     if (need <= cfg->budget_bytes)
-      return 0;
+      break;
     uint64_t excess = need - cfg->budget_bytes;
     if (excess >= c.budget_bytes)
-      return CAP_EINFEASIBLE;
+      break;
     c.budget_bytes -= excess;
   }
+  if (rc && rc != CAP_EINFEASIBLE) { /* out of memory, a bad profile */
+    cap_plan_destroy(*plan);
+    *plan = NULL;
+    cap_plan_placement_close(placement);
+    return rc;
+  }
+  if (!*plan)
+    return CAP_EINFEASIBLE;
+  int arc = cap_plan_attach_placement(*plan, placement);
+  if (arc)
+    return arc;
+  /* A plan the planner gave up on at a lower aim may still fit the budget:
+   * its need is what counts. */
   return need_of(placement) <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;
 }

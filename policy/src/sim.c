@@ -157,7 +157,7 @@ static void mem_change(sim_t *s, int64_t t, int64_t delta) {
  * tensor's own interval (the replay makes a second copy of a resident
  * output), so it is not the tensor's open interval: the list closes it. */
 static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
-                               cap_residency_kind_t how) {
+                               cap_residency_kind_t how, uint32_t action) {
   if (!s->record || s->err)
     return CAP_NONE;
   if (s->n_res == s->cap_res) {
@@ -176,6 +176,7 @@ static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
   s->res[s->n_res] = (cap_residency_t){.tensor = id, .kind = how,
                                        .start_ns = t, .end_ns = -1,
                                        .bytes = s->t[id].bytes,
+                                       .action = action,
                                        .first_op = s->op,
                                        .last_op = CAP_NONE};
   return s->n_res++;
@@ -190,9 +191,9 @@ static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out) {
 }
 
 static uint32_t t_alloc(sim_t *s, uint32_t id, int64_t t,
-                        cap_residency_kind_t how) {
+                        cap_residency_kind_t how, uint32_t action) {
   mem_change(s, t, (int64_t)s->t[id].bytes);
-  return open_residency(s, id, t, how);
+  return open_residency(s, id, t, how, action);
 }
 /* copied_out: the memory is given back because a D2H copy of it ended
  * (the copy read it until then). */
@@ -205,7 +206,7 @@ static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
   if (s->open_res[id] == CAP_NONE && !s->had_res[id]) {
     uint32_t op = s->op;
     s->op = 0;
-    open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT);
+    open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT, CAP_NONE);
     s->op = op;
   }
   close_residency(s, s->open_res[id], t, copied_out);
@@ -292,7 +293,7 @@ static bool start_idle(sim_t *s, int64_t t) {
       tens_t *tt = &s->t[c->tensor];
       if (tt->state == T_HOST) {
         tt->state = T_SWAP_IN;
-        t_alloc(s, c->tensor, t, CAP_RESIDENCY_SWAPPED_IN);
+        t_alloc(s, c->tensor, t, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
       }
     }
     changed = true;
@@ -455,7 +456,7 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       if (yt->state == T_DROPPED) {
         yt->state = T_RESIDENT; /* restored by the replay */
         yt->action = CAP_NONE;
-        t_alloc(s, y, t, CAP_RESIDENCY_RECOMPUTED);
+        t_alloc(s, y, t, CAP_RESIDENCY_RECOMPUTED, action);
         continue;
       }
       if (s->n_temps == s->cap_temps) {
@@ -473,7 +474,7 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
         s->cap_temps = cap;
       }
       yt->temp_gen = s->list_gen;
-      s->temp_res[s->n_temps] = t_alloc(s, y, t, CAP_RESIDENCY_TEMPORARY);
+      s->temp_res[s->n_temps] = t_alloc(s, y, t, CAP_RESIDENCY_TEMPORARY, action);
       s->temps[s->n_temps++] = y;
     }
     int64_t dur = o->end_ns - o->start_ns;
@@ -737,7 +738,7 @@ static void simulate(sim_t *s) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       if (s->t[id].state == T_UNBORN) {
         s->t[id].state = T_RESIDENT;
-        t_alloc(s, id, start, CAP_RESIDENCY_FIRST_TOUCH);
+        t_alloc(s, id, start, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE);
       }
     }
     /* Frees during this op. */

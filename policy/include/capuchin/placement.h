@@ -15,6 +15,7 @@
 #define CAPUCHIN_PLACEMENT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct cap_interval {
@@ -109,12 +110,30 @@ int cap_plan_place(const cap_profile_t *p, const cap_plan_t *plan,
                    cap_plan_placement_t *out);
 void cap_plan_placement_close(cap_plan_placement_t *pp);
 
+/* Give plan the blocks of placement pp (cap_plan_set_blocks). */
+int cap_plan_attach_placement(cap_plan_t *plan, const cap_plan_placement_t *pp);
+
+/* Check a plan's blocks: within its arena, tied blocks at one offset, and no
+ * two that meet in time meeting in bytes (a shared pair excepted). Returns
+ * 0, or CAP_EINVAL with a message naming the two tensors and when. */
+int cap_plan_check_blocks(const cap_plan_t *plan, char *err, size_t err_len);
+
+/* Check a plan's blocks against the iteration it makes: simulate it and
+ * find, for every residency interval, the block of the same tensor, kind and
+ * action whose stay covers it; then cap_plan_check_blocks. A plan without
+ * blocks passes. Returns 0, CAP_EINVAL with a message, or what the
+ * simulator returned. */
+int cap_plan_check_placement(const cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_bandwidth_t *bw, char *err,
+                             size_t err_len);
+
 /* Plan so that the placement fits: cap_plan_compute with the named planner,
  * then cap_plan_place (best strategy); while persistent_bytes + arena
  * exceeds cfg->budget_bytes, plan again aiming that much lower (the planner
  * evicts more or restores later), a few times at most. Returns 0 with *plan
- * and *placement whose need fits the budget (plan->budget_bytes is then the
- * budget the planner aimed at, at most cfg->budget_bytes);
+ * and *placement whose need fits the budget, the placement attached to the
+ * plan (plan->budget_bytes is then the budget the planner aimed at, at most
+ * cfg->budget_bytes);
  * CAP_EINFEASIBLE when no plan's placement fits, with the last plan and its
  * placement (the smallest need reached in placement->persistent_bytes +
  * arena); what cap_plan_compute returned otherwise. Both outputs are the

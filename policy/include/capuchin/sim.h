@@ -48,17 +48,6 @@ int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
                 const cap_bandwidth_t *bw, cap_sim_result_t *out);
 void cap_sim_result_close(cap_sim_result_t *r);
 
-/* How a block of device memory came to hold a tensor. */
-typedef enum {
-  CAP_RESIDENCY_FIRST_TOUCH = 0, /* allocated at its first access */
-  CAP_RESIDENCY_SWAPPED_IN = 1,  /* brought back by a prefetch or on demand */
-  CAP_RESIDENCY_RECOMPUTED = 2,  /* restored by a recompute list */
-  CAP_RESIDENCY_TEMPORARY = 3,   /* a recompute list's intermediate, kept
-                                    until the list ends */
-  CAP_RESIDENCY_PERSISTENT = 4,  /* a persistent tensor the plan evicts: on
-                                    the device since before the iteration */
-} cap_residency_kind_t;
-
 /* One stay of a transient tensor on the device: from its allocation to its
  * eviction or free, in the simulator's time (an H2D copy holds its memory
  * from the copy's start, a D2H until the copy ends). A tensor still there
@@ -72,6 +61,9 @@ typedef struct cap_residency {
                                guaranteed: a list's temporary may be made
                                and dropped at one instant */
   uint64_t bytes;
+  uint32_t action;   /* the plan action that brought it back (swap-in,
+                        recompute, a list's temporary), CAP_NONE for a first
+                        touch or a persistent tensor's first stay */
   uint32_t first_op; /* the op being prepared or run when it was allocated */
   uint32_t last_op;  /* the last op started when it was given back */
   bool copied_out;   /* given back when a D2H copy of it ended */

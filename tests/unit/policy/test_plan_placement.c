@@ -139,10 +139,53 @@ static void test_traces(void) {
   }
 }
 
+/* Planning with placement on every bundled trace at 50 % (with persistent
+ * eviction where nothing fits without): persistent + arena within the
+ * budget, blocks that validate and cover every stay the simulator sees. */
+static void test_planning_with_placement(void) {
+  const char *traces[] = {"resnet50",  "vgg16",      "inception_v3", "mobilenet_v2",
+                          "bert_base", "bert_large", "gpt2_small"};
+  for (size_t ti = 0; ti < sizeof traces / sizeof *traces; ti++) {
+    char rel[64], err[512];
+    snprintf(rel, sizeof rel, "traces/%s.trace", traces[ti]);
+    cap_profile_t *p = NULL;
+    REQUIRE(cap_trace_load(cap_test_data(rel), &p, err, sizeof err) == 0);
+    uint64_t budget = cap_profile_budget_pct(p, 50);
+    int rc = CAP_EINFEASIBLE;
+    for (int e = 0; e < 2 && rc; e++) {
+      cap_plan_config_t cfg;
+      cap_plan_config_init(&cfg, budget);
+      cfg.evict_persistent = e;
+      cap_plan_t *plan = NULL;
+      cap_plan_placement_t pp;
+      rc = cap_plan_compute_placed(p, "capuchin", &cfg, &plan, &pp);
+      if (!rc) {
+        CHECK(pp.persistent_bytes + pp.placement.arena_bytes <= budget);
+        CHECK(plan->budget_bytes <= budget);
+        CHECK_EQ(plan->n_blocks, pp.n);
+        CHECK_EQ(plan->arena_bytes, pp.placement.arena_bytes);
+        rc = cap_plan_validate(plan, p, err, sizeof err);
+        if (!rc)
+          rc = cap_plan_check_placement(plan, p, &cfg.bw, err, sizeof err);
+        if (rc)
+          fprintf(stderr, "%s: %s\n", traces[ti], err);
+        CHECK(rc == 0);
+      }
+      cap_plan_destroy(plan);
+      cap_plan_placement_close(&pp);
+    }
+    if (rc)
+      fprintf(stderr, "%s: no placed plan at 50 %%\n", traces[ti]);
+    CHECK(rc == 0);
+    cap_profile_destroy(p);
+  }
+}
+
 int main(void) {
   RUN_TEST(test_sharing_where_correct);
   RUN_TEST(test_sharing_refused_when_input_lives_on);
   RUN_TEST(test_sharing_refused_for_non_elementwise);
   RUN_TEST(test_traces);
+  RUN_TEST(test_planning_with_placement);
   return TEST_SUMMARY();
 }
