@@ -10,9 +10,9 @@
  *    small ones fill the holes between them;
  *  - by breadth: the instants with the most live bytes decide first, as they
  *    are the ones that set the arena size.
- * Finding the placed intervals that overlap one is a scan over all placed
- * ones: quadratic, a few milliseconds for the few thousand intervals of a
- * real iteration.
+ * Finding the lowest gap is a scan of the placed intervals in address order
+ * that skips those the new one does not meet in time: quadratic in the worst
+ * case, a few milliseconds for the few thousand intervals of an iteration.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -41,17 +41,9 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1)
 
 /* --- the shared placer ---------------------------------------------------- */
 
-/* qsort has no context argument: sort keys travel with the indices. */
-typedef struct by_offset {
-  uint64_t offset;
-  uint32_t i;
-} by_offset_t;
-
-static int cmp_by_offset(const void *a, const void *b) {
-  const by_offset_t *x = a, *y = b;
-  return (x->offset > y->offset) - (x->offset < y->offset);
-}
-
+/* The placed intervals are kept in address order (an insertion into a
+ * sorted array), so that finding the lowest gap for the next one is one
+ * scan that skips those it does not meet in time. */
 typedef struct placer {
   const cap_interval_t *iv;
   const uint64_t *size; /* aligned bytes */
@@ -59,21 +51,58 @@ typedef struct placer {
   uint64_t *offset;
   bool *placed;
   bool *taken;          /* this interval's block was taken over (share) */
-  by_offset_t *near;    /* scratch: placed intervals overlapping the current */
+  uint32_t *by_addr;    /* placed intervals by offset */
+  uint32_t n_placed;
   uint32_t shared;
   uint64_t arena;
 } placer_t;
 
-/* Whether [off, off + size) is clear of every neighbour but `except`. */
-static bool fits_at(const placer_t *pl, uint32_t n_near, uint64_t off,
+/* Whether placed interval j meets interval i, or i's tie, in time. */
+static bool meets(const placer_t *pl, uint32_t i, uint32_t tie, uint32_t j) {
+  return overlap_in_time(&pl->iv[i], &pl->iv[j]) ||
+         (tie != CAP_NONE && overlap_in_time(&pl->iv[tie], &pl->iv[j]));
+}
+
+/* Whether [off, off + size) is clear of every placed interval that meets i
+ * in time, `except` aside. */
+static bool fits_at(const placer_t *pl, uint32_t i, uint64_t off,
                     uint64_t size, uint32_t except) {
-  for (uint32_t k = 0; k < n_near; k++) {
-    uint32_t j = pl->near[k].i;
+  for (uint32_t k = 0; k < pl->n_placed; k++) {
+    uint32_t j = pl->by_addr[k];
+    if (pl->offset[j] >= off + size)
+      break;
     if (j != except && off < pl->offset[j] + pl->size[j] &&
-        pl->offset[j] < off + size)
+        meets(pl, i, CAP_NONE, j))
       return false;
   }
   return true;
+}
+
+/* The lowest offset where interval i (and its tie) meets nothing placed. */
+static uint64_t lowest_gap(const placer_t *pl, uint32_t i, uint32_t tie) {
+  uint64_t off = 0, size = pl->size[i];
+  for (uint32_t k = 0; k < pl->n_placed; k++) {
+    uint32_t j = pl->by_addr[k];
+    if (pl->offset[j] >= off + size)
+      break; /* the gap below j fits */
+    uint64_t top = pl->offset[j] + pl->size[j];
+    if (top > off && meets(pl, i, tie, j))
+      off = top;
+  }
+  return off;
+}
+
+static void mark_placed(placer_t *pl, uint32_t i, uint64_t off) {
+  pl->offset[i] = off;
+  pl->placed[i] = true;
+  uint32_t k = pl->n_placed++;
+  while (k > 0 && pl->offset[pl->by_addr[k - 1]] > off) {
+    pl->by_addr[k] = pl->by_addr[k - 1];
+    k--;
+  }
+  pl->by_addr[k] = i;
+  if (off + pl->size[i] > pl->arena)
+    pl->arena = off + pl->size[i];
 }
 
 /* Place interval i, and the interval tied to it (same_as) at the same
@@ -82,53 +111,36 @@ static void place_one(placer_t *pl, uint32_t i) {
   if (pl->placed[i])
     return; /* placed with its tie */
   uint32_t tie = pl->iv[i].same_as;
-  uint32_t n_near = 0;
-  for (uint32_t j = 0; j < pl->n; j++)
-    if (pl->placed[j] && (overlap_in_time(&pl->iv[i], &pl->iv[j]) ||
-                          (tie != CAP_NONE &&
-                           overlap_in_time(&pl->iv[tie], &pl->iv[j]))))
-      pl->near[n_near++] = (by_offset_t){pl->offset[j], j};
-
-  uint64_t size = pl->size[i], off = 0;
+  uint64_t size = pl->size[i], off;
   uint32_t s = pl->iv[i].share;
   if (s != CAP_NONE && tie == CAP_NONE && pl->placed[s] && !pl->taken[s] &&
-      size <= pl->size[s] && fits_at(pl, n_near, pl->offset[s], size, s)) {
+      size <= pl->size[s] && fits_at(pl, i, pl->offset[s], size, s)) {
     pl->taken[s] = true;
     pl->shared++;
     off = pl->offset[s];
   } else {
-    /* Neighbours by address; the lowest gap between them that fits. */
-    qsort(pl->near, n_near, sizeof *pl->near, cmp_by_offset);
-    for (uint32_t k = 0; k < n_near; k++) {
-      uint32_t j = pl->near[k].i;
-      if (pl->offset[j] >= off + size)
-        break; /* the gap below j fits */
-      uint64_t top = pl->offset[j] + pl->size[j];
-      if (top > off)
-        off = top;
-    }
+    off = lowest_gap(pl, i, tie);
   }
-  pl->offset[i] = off;
-  pl->placed[i] = true;
-  if (tie != CAP_NONE) {
-    pl->offset[tie] = off;
-    pl->placed[tie] = true;
-  }
-  if (off + size > pl->arena)
-    pl->arena = off + size;
+  mark_placed(pl, i, off);
+  if (tie != CAP_NONE)
+    mark_placed(pl, tie, off);
 }
 
 /* --- orders --------------------------------------------------------------- */
 
 typedef struct by_size {
+  uint64_t rank; /* sorts first, ascending */
   uint64_t size;
   int64_t start;
   uint32_t i;
 } by_size_t;
 
-/* Larger first; ties: earlier start, then lower index (deterministic). */
+/* Lower rank first, then larger; ties: earlier start, then lower index
+ * (deterministic). */
 static int cmp_by_size(const void *a, const void *b) {
   const by_size_t *x = a, *y = b;
+  if (x->rank != y->rank)
+    return x->rank < y->rank ? -1 : 1;
   if (x->size != y->size)
     return x->size < y->size ? 1 : -1;
   if (x->start != y->start)
@@ -136,72 +148,140 @@ static int cmp_by_size(const void *a, const void *b) {
   return (x->i > y->i) - (x->i < y->i);
 }
 
-/* Sort order[0..n) (interval indices) largest first, through `keys`. */
-static void sort_by_size(const cap_interval_t *iv, const uint64_t *size,
-                         uint32_t *order, uint32_t n, by_size_t *keys) {
-  for (uint32_t k = 0; k < n; k++)
-    keys[k] = (by_size_t){size[order[k]], iv[order[k]].start, order[k]};
+/* order[0..n) = the intervals by rank[i] (NULL: all equal), then size. */
+static void sort_order(const cap_interval_t *iv, const uint64_t *size,
+                       const uint64_t *rank, uint32_t n, uint32_t *order,
+                       by_size_t *keys) {
+  for (uint32_t i = 0; i < n; i++)
+    keys[i] = (by_size_t){rank ? rank[i] : 0, size[i], iv[i].start, i};
   qsort(keys, n, sizeof *keys, cmp_by_size);
   for (uint32_t k = 0; k < n; k++)
     order[k] = keys[k].i;
 }
 
-typedef struct instant {
-  int64_t t;
-  uint64_t live; /* aligned bytes live at t */
-} instant_t;
+/* The instants that matter: live bytes only grow where an interval starts. */
+typedef struct instants {
+  int64_t *t;       /* distinct starts, ascending */
+  uint64_t *live;   /* aligned bytes live at t[k] */
+  uint32_t m;
+} instants_t;
 
-static int cmp_instant_by_live(const void *a, const void *b) {
-  const instant_t *x = a, *y = b;
-  if (x->live != y->live)
-    return x->live < y->live ? 1 : -1;
-  return (x->t > y->t) - (x->t < y->t);
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
 }
 
-/* Live bytes only grow at a start, so the starts are the instants that
- * matter. `order` doubles as the scratch list of one instant's intervals. */
-static void order_by_breadth(const cap_interval_t *iv, const uint64_t *size,
-                             uint32_t n, uint32_t *order, by_size_t *keys,
-                             instant_t *inst, bool *queued) {
+/* First k with t[k] >= x (m if none). */
+static uint32_t lower_bound(const int64_t *t, uint32_t m, int64_t x) {
+  uint32_t lo = 0, hi = m;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (t[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Live bytes at every start: +size where an interval starts, -size at the
+ * first instant at or after its end, and a prefix sum. */
+static int instants_build(const cap_interval_t *iv, const uint64_t *size,
+                          uint32_t n, instants_t *in) {
+  size_t m1 = (size_t)n + 1;
+  in->t = malloc(m1 * sizeof *in->t);
+  in->live = calloc(m1, sizeof *in->live);
+  int64_t *delta = calloc(m1, sizeof *delta);
+  if (!in->t || !in->live || !delta) {
+    free(delta);
+    return CAP_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    in->t[i] = iv[i].start;
+  qsort(in->t, n, sizeof *in->t, cmp_i64);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (m == 0 || in->t[m - 1] != in->t[i])
+      in->t[m++] = in->t[i];
+  in->m = m;
   for (uint32_t i = 0; i < n; i++) {
-    inst[i].t = iv[i].start;
-    inst[i].live = 0;
-    for (uint32_t j = 0; j < n; j++)
-      if (iv[j].start <= iv[i].start && iv[i].start < iv[j].end)
-        inst[i].live += size[j];
+    delta[lower_bound(in->t, m, iv[i].start)] += (int64_t)size[i];
+    delta[lower_bound(in->t, m, iv[i].end)] -= (int64_t)size[i];
   }
-  qsort(inst, n, sizeof *inst, cmp_instant_by_live);
-  uint32_t done = 0;
-  for (uint32_t k = 0; k < n && done < n; k++) {
-    if (k && inst[k].t == inst[k - 1].t && inst[k].live == inst[k - 1].live)
-      continue; /* the same instant again (several intervals start there) */
-    uint32_t first = done;
-    for (uint32_t j = 0; j < n; j++)
-      if (!queued[j] && iv[j].start <= inst[k].t && inst[k].t < iv[j].end) {
-        queued[j] = true;
-        order[done++] = j;
-      }
-    sort_by_size(iv, size, order + first, done - first, keys);
+  int64_t live = 0;
+  for (uint32_t k = 0; k < m; k++) {
+    live += delta[k];
+    in->live[k] = (uint64_t)live;
   }
+  free(delta);
+  return 0;
+}
+
+static void instants_free(instants_t *in) {
+  free(in->t);
+  free(in->live);
+}
+
+typedef struct by_live {
+  uint64_t live;
+  uint32_t k;
+} by_live_t;
+
+static int cmp_by_live(const void *a, const void *b) {
+  const by_live_t *x = a, *y = b;
+  if (x->live != y->live)
+    return x->live < y->live ? 1 : -1;
+  return (x->k > y->k) - (x->k < y->k);
+}
+
+/* Greedy by breadth (TensorFlow Lite): instants in order of live bytes,
+ * most first; at each, its still unplaced intervals largest first. An
+ * interval is thus taken at the best-ranked instant it spans: its rank is a
+ * range minimum over the instants, answered by a sparse table. */
+static int order_by_breadth(const cap_interval_t *iv, const uint64_t *size,
+                            uint32_t n, const instants_t *in, uint32_t *order,
+                            by_size_t *keys) {
+  uint32_t m = in->m, levels = 1;
+  while ((1u << levels) <= m)
+    levels++;
+  by_live_t *bl = malloc((m ? m : 1) * sizeof *bl);
+  uint32_t *table = malloc((size_t)levels * (m ? m : 1) * sizeof *table);
+  uint64_t *rank = malloc((n ? n : 1) * sizeof *rank);
+  if (!bl || !table || !rank) {
+    free(bl);
+    free(table);
+    free(rank);
+    return CAP_ENOMEM;
+  }
+  for (uint32_t k = 0; k < m; k++)
+    bl[k] = (by_live_t){in->live[k], k};
+  qsort(bl, m, sizeof *bl, cmp_by_live);
+  for (uint32_t r = 0; r < m; r++)
+    table[bl[r].k] = r; /* level 0: the rank of instant k */
+  for (uint32_t l = 1; l < levels; l++)
+    for (uint32_t k = 0; k + (1u << l) <= m; k++) {
+      uint32_t a = table[(size_t)(l - 1) * m + k];
+      uint32_t b = table[(size_t)(l - 1) * m + k + (1u << (l - 1))];
+      table[(size_t)l * m + k] = a < b ? a : b;
+    }
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t lo = lower_bound(in->t, m, iv[i].start);
+    uint32_t hi = lower_bound(in->t, m, iv[i].end); /* instants [lo, hi) */
+    uint32_t l = 0;
+    while ((2u << l) <= hi - lo)
+      l++;
+    uint32_t a = table[(size_t)l * m + lo];
+    uint32_t b = table[(size_t)l * m + hi - (1u << l)];
+    rank[i] = a < b ? a : b;
+  }
+  sort_order(iv, size, rank, n, order, keys);
+  free(bl);
+  free(table);
+  free(rank);
+  return 0;
 }
 
 /* --- entry points --------------------------------------------------------- */
-
-/* Counting every interval, a shared pair twice: sharing is what can bring
- * an arena below this peak. */
-static uint64_t peak_live(const cap_interval_t *iv, const uint64_t *size,
-                          uint32_t n) {
-  uint64_t peak = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t live = 0;
-    for (uint32_t j = 0; j < n; j++)
-      if (iv[j].start <= iv[i].start && iv[i].start < iv[j].end)
-        live += size[j];
-    if (live > peak)
-      peak = live;
-  }
-  return peak;
-}
 
 static int valid(const cap_interval_t *iv, uint32_t n, uint64_t alignment) {
   if ((n && !iv) || (alignment & (alignment - 1)))
@@ -220,37 +300,30 @@ static int valid(const cap_interval_t *iv, uint32_t n, uint64_t alignment) {
 }
 
 static int place_with(const cap_interval_t *iv, const uint64_t *size,
-                      uint32_t n, cap_place_strategy_t s, cap_placement_t *out) {
+                      uint32_t n, const instants_t *in, cap_place_strategy_t s,
+                      cap_placement_t *out) {
   size_t m = n ? n : 1;
   placer_t pl = {.iv = iv, .size = size, .n = n};
   uint32_t *order = malloc(m * sizeof *order);
   by_size_t *keys = malloc(m * sizeof *keys);
-  instant_t *inst = malloc(m * sizeof *inst);
-  bool *queued = calloc(m, sizeof *queued);
-  pl.near = malloc(m * sizeof *pl.near);
+  pl.by_addr = malloc(m * sizeof *pl.by_addr);
   pl.offset = calloc(m, sizeof *pl.offset);
   pl.placed = calloc(m, sizeof *pl.placed);
   pl.taken = calloc(m, sizeof *pl.taken);
-  int rc = order && keys && inst && queued && pl.near && pl.offset &&
-                   pl.placed && pl.taken
+  int rc = order && keys && pl.by_addr && pl.offset && pl.placed && pl.taken
                ? 0
                : CAP_ENOMEM;
   if (!rc) {
-    if (s == CAP_PLACE_BY_SIZE) {
-      for (uint32_t i = 0; i < n; i++)
-        order[i] = i;
-      sort_by_size(iv, size, order, n, keys);
-    } else {
-      order_by_breadth(iv, size, n, order, keys, inst, queued);
-    }
-    for (uint32_t k = 0; k < n; k++)
-      place_one(&pl, order[k]);
+    if (s == CAP_PLACE_BY_SIZE)
+      sort_order(iv, size, NULL, n, order, keys);
+    else
+      rc = order_by_breadth(iv, size, n, in, order, keys);
   }
+  for (uint32_t k = 0; !rc && k < n; k++)
+    place_one(&pl, order[k]);
   free(order);
   free(keys);
-  free(inst);
-  free(queued);
-  free(pl.near);
+  free(pl.by_addr);
   free(pl.placed);
   free(pl.taken);
   if (rc) {
@@ -274,17 +347,21 @@ int cap_place(const cap_interval_t *iv, uint32_t n, cap_place_strategy_t s,
   if (rc || (unsigned)s > CAP_PLACE_BEST)
     return rc ? rc : CAP_EINVAL;
   uint64_t *size = malloc((n ? n : 1) * sizeof *size);
+  instants_t in = {0};
   if (!size)
     return CAP_ENOMEM;
   for (uint32_t i = 0; i < n; i++)
     size[i] = align_up(iv[i].bytes, alignment);
+  rc = instants_build(iv, size, n, &in);
 
-  if (s != CAP_PLACE_BEST) {
-    rc = place_with(iv, size, n, s, out);
+  if (rc) {
+    /* out of memory */
+  } else if (s != CAP_PLACE_BEST) {
+    rc = place_with(iv, size, n, &in, s, out);
   } else {
     for (int k = 0; k < CAP_PLACE_N_STRATEGIES && !rc; k++) {
       cap_placement_t trial;
-      rc = place_with(iv, size, n, (cap_place_strategy_t)k, &trial);
+      rc = place_with(iv, size, n, &in, (cap_place_strategy_t)k, &trial);
       if (rc)
         break;
       if (!out->offsets || trial.arena_bytes < out->arena_bytes) {
@@ -295,10 +372,14 @@ int cap_place(const cap_interval_t *iv, uint32_t n, cap_place_strategy_t s,
       }
     }
   }
-  if (!rc)
-    out->peak_bytes = peak_live(iv, size, n);
-  else
+  /* The peak counts every interval, a shared pair twice: sharing is what
+   * can bring an arena below it. */
+  for (uint32_t k = 0; !rc && k < in.m; k++)
+    if (in.live[k] > out->peak_bytes)
+      out->peak_bytes = in.live[k];
+  if (rc)
     cap_placement_close(out);
+  instants_free(&in);
   free(size);
   return rc;
 }
