@@ -85,6 +85,9 @@ int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
   int arc = cap_plan_attach_placement(*plan, placement);
   if (arc)
     return arc;
+  /* The budget the plan is for is the user's: it aimed lower only so that
+   * its arena fits (a client takes the plan's budget as its own). */
+  (*plan)->budget_bytes = cfg->budget_bytes;
   /* A plan the planner gave up on at a lower aim may still fit the budget:
    * its need is what counts. */
   return need_of(placement) <= cfg->budget_bytes ? 0 : CAP_EINFEASIBLE;

@@ -132,8 +132,8 @@ int cap_plan_check_placement(const cap_plan_t *plan, const cap_profile_t *p,
  * exceeds cfg->budget_bytes, plan again aiming that much lower (the planner
  * evicts more or restores later), a few times at most. Returns 0 with *plan
  * and *placement whose need fits the budget, the placement attached to the
- * plan (plan->budget_bytes is then the budget the planner aimed at, at most
- * cfg->budget_bytes);
+ * plan and plan->budget_bytes the budget asked for (the planner may have
+ * aimed lower);
  * CAP_EINFEASIBLE when no plan's placement fits, with the last plan and its
  * placement (the smallest need reached in placement->persistent_bytes +
  * arena); what cap_plan_compute returned otherwise. Both outputs are the

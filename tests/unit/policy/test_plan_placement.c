@@ -161,7 +161,7 @@ static void test_planning_with_placement(void) {
       rc = cap_plan_compute_placed(p, "capuchin", &cfg, &plan, &pp);
       if (!rc) {
         CHECK(pp.persistent_bytes + pp.placement.arena_bytes <= budget);
-        CHECK(plan->budget_bytes <= budget);
+        CHECK_EQ(plan->budget_bytes, budget);
         CHECK_EQ(plan->n_blocks, pp.n);
         CHECK_EQ(plan->arena_bytes, pp.placement.arena_bytes);
         rc = cap_plan_validate(plan, p, err, sizeof err);
