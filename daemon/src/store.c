@@ -64,6 +64,8 @@ enum {
   S_PLAN_GET,
   S_ACTION_SELECT,
   S_RECOMP_SELECT,
+  S_BLOCK_SELECT,
+  S_BLOCK_INSERT,
   S_ITER_INSERT,
   S_COUNT
 };
@@ -113,8 +115,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_PLAN_INSERT] =
         "INSERT INTO plans (profile_id, job_id, policy, version, budget_bytes,"
         " predicted_iter_ns, predicted_peak_bytes, h2d_gbps, d2h_gbps,"
-        " duplex_gbps, n_actions, created_ms)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        " duplex_gbps, n_actions, created_ms, arena_bytes)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     [S_ACTION_INSERT] =
         "INSERT INTO plan_actions VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [S_RECOMP_INSERT] =
@@ -130,13 +132,18 @@ static const char *const stmt_sql[S_COUNT] = {
                       " AND budget_bytes = ?2",
     [S_PLAN_GET] =
         "SELECT profile_id, policy, version, budget_bytes, predicted_iter_ns,"
-        " predicted_peak_bytes, h2d_gbps, d2h_gbps, duplex_gbps"
+        " predicted_peak_bytes, h2d_gbps, d2h_gbps, duplex_gbps, arena_bytes"
         " FROM plans WHERE id = ?1",
     [S_ACTION_SELECT] = "SELECT seq, tensor, evict_after_access, method, flags,"
                         " prefetch_tensor, prefetch_access FROM plan_actions"
                         " WHERE plan_id = ?1 ORDER BY seq",
     [S_RECOMP_SELECT] = "SELECT action_seq, op_seq FROM plan_recompute_ops"
                         " WHERE plan_id = ?1 ORDER BY action_seq, pos",
+    [S_BLOCK_SELECT] = "SELECT tensor, kind, action_seq, offset, bytes,"
+                       " start_ns, end_ns, share, same_as FROM plan_blocks"
+                       " WHERE plan_id = ?1 ORDER BY seq",
+    [S_BLOCK_INSERT] = "INSERT INTO plan_blocks VALUES (?1, ?2, ?3, ?4, ?5,"
+                       " ?6, ?7, ?8, ?9, ?10, ?11)",
     [S_ITER_INSERT] =
         "INSERT INTO iterations (job_id, session_id, plan_id, plan_version,"
         " iteration, iter_ns, peak_bytes, stall_ns, n_stalls, swap_out_bytes,"
@@ -1154,6 +1161,10 @@ static int plan_put(cap_store_t *s, int64_t profile_id, int64_t job_id,
   bind_bw(st, 8, bw);
   sqlite3_bind_int64(st, 11, plan->n_actions);
   sqlite3_bind_int64(st, 12, now_ms());
+  if (plan->n_blocks)
+    sqlite3_bind_int64(st, 13, u64(plan->arena_bytes));
+  else
+    sqlite3_bind_null(st, 13);
   if (sqlite3_step(st) != SQLITE_DONE)
     goto out_sql;
   int64_t id = sqlite3_last_insert_rowid(s->db);
@@ -1189,6 +1200,25 @@ static int plan_put(cap_store_t *s, int64_t profile_id, int64_t job_id,
         goto out_sql;
       sqlite3_reset(rs);
     }
+  }
+  if (!(st = stmt(s, S_BLOCK_INSERT)))
+    goto out_sql;
+  sqlite3_bind_int64(st, 1, id);
+  for (uint32_t i = 0; i < plan->n_blocks; i++) {
+    const cap_block_t *b = &plan->blocks[i];
+    sqlite3_bind_int64(st, 2, i);
+    sqlite3_bind_int64(st, 3, b->tensor);
+    sqlite3_bind_text(st, 4, cap_residency_kind_name(b->kind), -1, SQLITE_STATIC);
+    bind_u32_or_null(st, 5, b->action);
+    sqlite3_bind_int64(st, 6, u64(b->offset));
+    sqlite3_bind_int64(st, 7, u64(b->bytes));
+    sqlite3_bind_int64(st, 8, b->start_ns);
+    sqlite3_bind_int64(st, 9, b->end_ns);
+    bind_u32_or_null(st, 10, b->share);
+    bind_u32_or_null(st, 11, b->same_as);
+    if (sqlite3_step(st) != SQLITE_DONE)
+      goto out_sql;
+    sqlite3_reset(st);
   }
   if (job_id > 0 && (rc = insert_job_plan(s, job_id, id, false)) != 0)
     goto out_rollback;
@@ -1314,6 +1344,63 @@ int cap_store_plan_latest_version(cap_store_t *s, int64_t profile_id,
   LOCKED(s, plan_latest(s, profile_id, budget_bytes, version));
 }
 
+static uint32_t col_u32_or_none(sqlite3_stmt *st, int col) {
+  return sqlite3_column_type(st, col) == SQLITE_NULL
+             ? CAP_NONE
+             : (uint32_t)sqlite3_column_int64(st, col);
+}
+
+/* The plan's placement, if it has one. */
+static int load_blocks(cap_store_t *s, int64_t id, cap_plan_t *plan,
+                       uint64_t arena) {
+  sqlite3_stmt *st = stmt(s, S_BLOCK_SELECT);
+  if (!st)
+    return sql_fail(s, "plan load");
+  sqlite3_bind_int64(st, 1, id);
+  cap_block_t *blocks = NULL;
+  uint32_t n = 0, cap = 0;
+  int step, rc = 0;
+  while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      uint32_t c = cap ? cap * 2 : 256;
+      cap_block_t *nb = realloc(blocks, (size_t)c * sizeof *nb);
+      if (!nb) {
+        rc = cap__store_fail(CAP_ENOMEM, "out of memory");
+        break;
+      }
+      blocks = nb;
+      cap = c;
+    }
+    const char *kind = (const char *)sqlite3_column_text(st, 1);
+    int k = 0;
+    while (cap_residency_kind_name((cap_residency_kind_t)k) && kind &&
+           strcmp(cap_residency_kind_name((cap_residency_kind_t)k), kind))
+      k++;
+    if (!kind || !cap_residency_kind_name((cap_residency_kind_t)k)) {
+      rc = cap__store_fail(CAP_ECORRUPT, "%s: plan %lld: block %u: kind %s",
+                           s->path, (long long)id, n, kind ? kind : "NULL");
+      break;
+    }
+    blocks[n++] = (cap_block_t){
+        .tensor = (uint32_t)sqlite3_column_int64(st, 0),
+        .kind = (cap_residency_kind_t)k,
+        .action = col_u32_or_none(st, 2),
+        .offset = col_u64(st, 3),
+        .bytes = col_u64(st, 4),
+        .start_ns = sqlite3_column_int64(st, 5),
+        .end_ns = sqlite3_column_int64(st, 6),
+        .share = col_u32_or_none(st, 7),
+        .same_as = col_u32_or_none(st, 8)};
+  }
+  if (!rc && step != SQLITE_DONE)
+    rc = sql_fail(s, "plan load");
+  if (!rc)
+    rc = cap_plan_set_blocks(plan, blocks, n, arena);
+  sqlite3_reset(st);
+  free(blocks);
+  return rc;
+}
+
 static int plan_load(cap_store_t *s, int64_t id, cap_plan_t **out,
                      int64_t *profile_id, cap_bandwidth_t *bw) {
   int rc = 0;
@@ -1347,6 +1434,7 @@ static int plan_load(cap_store_t *s, int64_t id, cap_plan_t **out,
   cap_bandwidth_t b = {sqlite3_column_double(st, 6),
                        sqlite3_column_double(st, 7),
                        sqlite3_column_double(st, 8)};
+  uint64_t arena = col_u64(st, 9); /* NULL (no placement) reads 0 */
   sqlite3_reset(st);
 
   if (!(st = stmt(s, S_ACTION_SELECT)) || !(rs = stmt(s, S_RECOMP_SELECT)))
@@ -1392,6 +1480,8 @@ static int plan_load(cap_store_t *s, int64_t id, cap_plan_t **out,
   }
   if (step != SQLITE_DONE || (rstep != SQLITE_DONE && rstep != SQLITE_ROW))
     goto out_sql;
+  if ((rc = load_blocks(s, id, plan, arena)) != 0)
+    goto out;
   if (profile_id)
     *profile_id = prof;
   if (bw)
@@ -1403,7 +1493,7 @@ static int plan_load(cap_store_t *s, int64_t id, cap_plan_t **out,
 out_sql:
   rc = sql_fail(s, "plan load");
 out:
-  for (int i = S_PLAN_GET; i <= S_RECOMP_SELECT; i++)
+  for (int i = S_PLAN_GET; i <= S_BLOCK_SELECT; i++)
     if (s->stmt[i])
       sqlite3_reset(s->stmt[i]);
   sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL);

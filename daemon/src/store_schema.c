@@ -159,6 +159,23 @@ static const char *const migrations[] = {
     /* 1 -> 2: what went wrong in an iteration (docs/plan-semantics.md) */
     "ALTER TABLE iterations ADD COLUMN op_errors INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE iterations ADD COLUMN error TEXT;",
+    /* 2 -> 3: placement, an address for every block a plan makes */
+    "ALTER TABLE plans ADD COLUMN arena_bytes INTEGER;"
+    "CREATE TABLE plan_blocks ("
+    "  plan_id INTEGER NOT NULL REFERENCES plans(id) ON DELETE CASCADE,"
+    "  seq INTEGER NOT NULL,"
+    "  tensor INTEGER NOT NULL,"
+    "  kind TEXT NOT NULL CHECK (kind IN ('first_touch', 'swapped_in',"
+    "    'recomputed', 'temporary', 'persistent')),"
+    "  action_seq INTEGER,"
+    "  offset INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  start_ns INTEGER NOT NULL,"
+    "  end_ns INTEGER NOT NULL,"
+    "  share INTEGER,"
+    "  same_as INTEGER,"
+    "  PRIMARY KEY (plan_id, seq)"
+    ") STRICT, WITHOUT ROWID;",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -18,12 +18,14 @@
 #include <string.h>
 
 #include "capuchin/error.h"
+#include "capuchin/placement.h"
 #include "capuchin/plan.h"
 #include "capuchin/profile.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
 #include "query_table.h"
 #include "store.h"
+#include "svg_placement.h"
 #include "svg_timeline.h"
 
 #define EX_USAGE 64
@@ -41,6 +43,10 @@ static const char usage_text[] =
     "  iterations JOB            measured vs predicted, per iteration\n"
     "  timeline PLAN --svg FILE  memory over the iteration, unmanaged vs\n"
     "                            planned, with the budget line\n"
+    "  timeline PLAN --placement --svg FILE\n"
+    "                            the arena's addresses over the iteration:\n"
+    "                            each block of the plan's placement (placed\n"
+    "                            now when the plan has none)\n"
     "  export-trace PROFILE [-o FILE]\n"
     "                            the profile as a capuchin-trace 1 file\n"
     "                            (stdout by default)\n"
@@ -316,6 +322,7 @@ static int cmd_plan(ctx_t *c, int64_t id) {
     A_IN,
     A_RECOMP,
     A_FT,
+    A_OFFSET,
     A_N
   };
   static const cap_qcol_t cols[A_N] = {
@@ -332,6 +339,7 @@ static int cmd_plan(ctx_t *c, int64_t id) {
       [A_IN] = {"swap_in_ns", "in ms", CAP_QCOL_NS},
       [A_RECOMP] = {"recompute_ns", "recompute ms", CAP_QCOL_NS},
       [A_FT] = {"free_time_ns", "FT ms", CAP_QCOL_NS},
+      [A_OFFSET] = {"return_offset_bytes", "back at MiB", CAP_QCOL_BYTES},
   };
   enum {
     S_ID,
@@ -347,6 +355,7 @@ static int cmd_plan(ctx_t *c, int64_t id) {
     S_NACT,
     S_SWAPB,
     S_RECB,
+    S_ARENA,
     S_N
   };
   static const cap_qcol_t scols[S_N] = {
@@ -364,6 +373,7 @@ static int cmd_plan(ctx_t *c, int64_t id) {
       [S_NACT] = {"actions", NULL, CAP_QCOL_INT},
       [S_SWAPB] = {"swap_bytes", "swapped MiB", CAP_QCOL_BYTES},
       [S_RECB] = {"recompute_bytes", "recomputed MiB", CAP_QCOL_BYTES},
+      [S_ARENA] = {"arena_bytes", "arena MiB", CAP_QCOL_BYTES},
   };
   loaded_t l;
   int rc = load_plan(c, id, &l);
@@ -373,11 +383,27 @@ static int cmd_plan(ctx_t *c, int64_t id) {
   cap_qtable_t *t = cap_qtable_create(cols, A_N);
   cap_qtable_t *sum = cap_qtable_create(scols, S_N);
   char *buf = NULL;
+  uint64_t *back_at = NULL;
   if (!t || !sum)
     goto out;
   const cap_profile_t *p = l.profile;
   const cap_plan_t *plan = l.plan;
   uint64_t swap_bytes = 0, rec_bytes = 0;
+  /* With a placement: where each action's tensor comes back (the block its
+   * swap-in or recompute makes). */
+  if (plan->n_blocks && plan->n_actions) {
+    back_at = malloc(plan->n_actions * sizeof *back_at);
+    if (!back_at)
+      goto out;
+    for (uint32_t i = 0; i < plan->n_actions; i++)
+      back_at[i] = UINT64_MAX;
+    for (uint32_t i = 0; i < plan->n_blocks; i++) {
+      const cap_block_t *b = &plan->blocks[i];
+      if (b->action < plan->n_actions && b->tensor == plan->actions[b->action].tensor &&
+          (b->kind == CAP_RESIDENCY_SWAPPED_IN || b->kind == CAP_RESIDENCY_RECOMPUTED))
+        back_at[b->action] = b->offset;
+    }
+  }
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
     if (a->tensor >= p->n_tensors) {
@@ -397,6 +423,8 @@ static int cmd_plan(ctx_t *c, int64_t id) {
     cap_qtable_set_int(t, A_EVICT, a->evict_after_access);
     if (back != CAP_NONE)
       cap_qtable_set_int(t, A_BACK, a->evict_after_access + 1);
+    if (back_at && back_at[i] != UINT64_MAX)
+      cap_qtable_set_int(t, A_OFFSET, (int64_t)back_at[i]);
     int64_t off = -1;
     if (ev != CAP_NONE && back != CAP_NONE) {
       off = p->ops[back].start_ns - p->ops[ev].end_ns;
@@ -458,6 +486,8 @@ static int cmd_plan(ctx_t *c, int64_t id) {
   cap_qtable_set_int(sum, S_NACT, plan->n_actions);
   cap_qtable_set_int(sum, S_SWAPB, (int64_t)swap_bytes);
   cap_qtable_set_int(sum, S_RECB, (int64_t)rec_bytes);
+  if (plan->n_blocks)
+    cap_qtable_set_int(sum, S_ARENA, (int64_t)plan->arena_bytes);
 
   switch (c->fmt) {
   case CAP_QFMT_TABLE:
@@ -482,6 +512,7 @@ static int cmd_plan(ctx_t *c, int64_t id) {
   }
 out:
   free(buf);
+  free(back_at);
   cap_qtable_destroy(t);
   cap_qtable_destroy(sum);
   loaded_close(&l);
@@ -602,6 +633,108 @@ out:
   return rc;
 }
 
+/* --- timeline PLAN --placement --svg FILE -------------------------------- */
+
+static int cmd_placement(ctx_t *c, int64_t id, const char *svg) {
+  loaded_t l;
+  if (load_plan(c, id, &l) != 0)
+    return 1;
+  int rc = 1;
+  FILE *f = NULL;
+  char err[256];
+  const cap_plan_t *plan = l.plan;
+  bool placed_now = plan->n_blocks == 0;
+  if (cap_plan_validate(plan, l.profile, err, sizeof err) != 0) {
+    fail("plan %" PRId64 " is not valid for its profile: %s", id, err);
+    goto out;
+  }
+  if (placed_now) { /* a plan from before placement: place it here */
+    cap_plan_placement_t pp;
+    int r = cap_plan_place(l.profile, plan, &l.bw, CAP_PLACE_BEST, &pp);
+    if (!r)
+      r = cap_plan_attach_placement(l.plan, &pp);
+    cap_plan_placement_close(&pp);
+    if (r) {
+      fail("plan %" PRId64 ": placing it failed: %s", id, cap_strerror(r));
+      goto out;
+    }
+  }
+  /* What stays outside the arena: the persistent bytes, less the weights
+   * the plan evicts (their blocks are in the arena). */
+  uint64_t outside = l.profile->persistent_bytes, live_peak = 0;
+  int64_t end_ns = l.profile->iter_ns;
+  for (uint32_t i = 0; i < plan->n_blocks; i++)
+    if (plan->blocks[i].kind == CAP_RESIDENCY_PERSISTENT)
+      outside -= plan->blocks[i].bytes < outside ? plan->blocks[i].bytes : outside;
+  cap_sim_result_t sim;
+  if (cap_sim_run(l.profile, plan, &l.bw, &sim) == 0) {
+    end_ns = sim.iter_ns;
+    live_peak = sim.peak_bytes > outside ? sim.peak_bytes - outside : 0;
+    cap_sim_result_close(&sim);
+  }
+  uint64_t room = plan->budget_bytes > outside ? plan->budget_bytes - outside : 0;
+  char title[256], sub[512], a[32], b[32];
+  mib(a, sizeof a, plan->arena_bytes);
+  mib(b, sizeof b, live_peak);
+  snprintf(title, sizeof title,
+           "%s \xe2\x80\x94 plan %" PRId64 " (%s v%u): addresses over the "
+           "iteration",
+           l.profile->model[0] ? l.profile->model : "model", id, plan->policy,
+           plan->version);
+  snprintf(sub, sizeof sub,
+           "%u blocks in an arena of %s for a live peak of %s (%.4f)  "
+           "\xc2\xb7  %.0f MiB outside it (persistent)%s",
+           plan->n_blocks, a, b,
+           live_peak ? (double)plan->arena_bytes / (double)live_peak : 1.0,
+           (double)outside / 1048576.0,
+           placed_now ? "  \xc2\xb7  placed now: the stored plan has none" : "");
+  cap_svg_placement_t pic = {.title = title, .subtitle = sub,
+                             .blocks = plan->blocks, .n = plan->n_blocks,
+                             .arena_bytes = plan->arena_bytes,
+                             .room_bytes = room, .end_ns = end_ns};
+  if (!plan->n_blocks) {
+    fail("plan %" PRId64 " makes no block: nothing to draw", id);
+    goto out;
+  }
+  if (!(f = fopen(svg, "w"))) {
+    fail("%s: %s", svg, strerror(errno));
+    goto out;
+  }
+  int r = cap_svg_placement_write(f, &pic);
+  if (fclose(f) != 0 || r != 0) {
+    fail("%s: write failed", svg);
+    goto out;
+  }
+  static const cap_qcol_t cols[] = {
+      {"svg", NULL, CAP_QCOL_TEXT},
+      {"plan", NULL, CAP_QCOL_INT},
+      {"blocks", NULL, CAP_QCOL_INT},
+      {"arena_bytes", "arena MiB", CAP_QCOL_BYTES},
+      {"live_peak_bytes", "live peak MiB", CAP_QCOL_BYTES},
+      {"outside_bytes", "outside MiB", CAP_QCOL_BYTES},
+      {"budget_bytes", "budget MiB", CAP_QCOL_BYTES},
+      {"placed_now", "placed now", CAP_QCOL_INT},
+  };
+  cap_qtable_t *t = cap_qtable_create(cols, (int)(sizeof cols / sizeof cols[0]));
+  if (!t || cap_qtable_row(t) != 0) {
+    cap_qtable_destroy(t);
+    goto out;
+  }
+  cap_qtable_set_text(t, 0, svg);
+  cap_qtable_set_int(t, 1, id);
+  cap_qtable_set_int(t, 2, plan->n_blocks);
+  cap_qtable_set_int(t, 3, (int64_t)plan->arena_bytes);
+  cap_qtable_set_int(t, 4, (int64_t)live_peak);
+  cap_qtable_set_int(t, 5, (int64_t)outside);
+  cap_qtable_set_int(t, 6, (int64_t)plan->budget_bytes);
+  cap_qtable_set_int(t, 7, placed_now);
+  rc = cap_qtable_print(t, c->fmt, stdout) == 0 ? 0 : 1;
+  cap_qtable_destroy(t);
+out:
+  loaded_close(&l);
+  return rc;
+}
+
 /* --- export-trace PROFILE ------------------------------------------------ */
 
 static int cmd_export(ctx_t *c, int64_t id, const char *path) {
@@ -631,6 +764,7 @@ static int cmd_export(ctx_t *c, int64_t id, const char *path) {
 
 int main(int argc, char **argv) {
   const char *db_path = NULL, *svg = NULL, *out = NULL;
+  bool placement = false;
   char def_path[4096];
   int64_t job = 0;
   ctx_t c = {.fmt = CAP_QFMT_TABLE};
@@ -639,6 +773,7 @@ int main(int argc, char **argv) {
       {"format", required_argument, NULL, 'f'},
       {"job", required_argument, NULL, 'j'},
       {"svg", required_argument, NULL, 's'},
+      {"placement", no_argument, NULL, 'P'},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -666,6 +801,9 @@ int main(int argc, char **argv) {
       break;
     case 's':
       svg = optarg;
+      break;
+    case 'P':
+      placement = true;
       break;
     case 'o':
       out = optarg;
@@ -708,6 +846,8 @@ int main(int argc, char **argv) {
     return usage("timeline needs --svg FILE", NULL);
   if (svg && strcmp(cmd, "timeline") != 0)
     return usage("--svg applies to 'timeline' only", NULL);
+  if (placement && strcmp(cmd, "timeline") != 0)
+    return usage("--placement applies to 'timeline' only", NULL);
   if (out && strcmp(cmd, "export-trace") != 0)
     return usage("-o applies to 'export-trace' only", NULL);
 
@@ -736,7 +876,7 @@ int main(int argc, char **argv) {
   else if (strcmp(cmd, "iterations") == 0)
     rc = cmd_iterations(&c, id);
   else if (strcmp(cmd, "timeline") == 0)
-    rc = cmd_timeline(&c, id, svg);
+    rc = placement ? cmd_placement(&c, id, svg) : cmd_timeline(&c, id, svg);
   else
     rc = cmd_export(&c, id, out);
   cap_store_close(c.store);

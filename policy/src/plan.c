@@ -31,6 +31,7 @@ void cap_plan_destroy(cap_plan_t *plan) {
     return;
   free(plan->actions);
   free(plan->recompute_ops);
+  free(plan->blocks);
   free(plan);
 }
 
@@ -43,6 +44,7 @@ cap_plan_t *cap_plan_clone(const cap_plan_t *plan) {
   *c = *plan;
   c->actions = NULL;
   c->recompute_ops = NULL;
+  c->blocks = NULL;
   c->cap_actions = plan->n_actions;
   c->cap_recompute_ops = plan->n_recompute_ops;
   if (plan->n_actions) {
@@ -58,11 +60,51 @@ cap_plan_t *cap_plan_clone(const cap_plan_t *plan) {
     memcpy(c->recompute_ops, plan->recompute_ops,
            plan->n_recompute_ops * sizeof *c->recompute_ops);
   }
+  if (plan->n_blocks) {
+    c->blocks = malloc(plan->n_blocks * sizeof *c->blocks);
+    if (!c->blocks)
+      goto out_free;
+    memcpy(c->blocks, plan->blocks, plan->n_blocks * sizeof *c->blocks);
+  }
   return c;
 
 out_free:
   cap_plan_destroy(c);
   return NULL;
+}
+
+const char *cap_residency_kind_name(cap_residency_kind_t k) {
+  switch (k) {
+  case CAP_RESIDENCY_FIRST_TOUCH:
+    return "first_touch";
+  case CAP_RESIDENCY_SWAPPED_IN:
+    return "swapped_in";
+  case CAP_RESIDENCY_RECOMPUTED:
+    return "recomputed";
+  case CAP_RESIDENCY_TEMPORARY:
+    return "temporary";
+  case CAP_RESIDENCY_PERSISTENT:
+    return "persistent";
+  }
+  return NULL;
+}
+
+int cap_plan_set_blocks(cap_plan_t *plan, const cap_block_t *blocks,
+                        uint32_t n, uint64_t arena_bytes) {
+  if (!plan || (n && !blocks))
+    return CAP_EINVAL;
+  cap_block_t *copy = NULL;
+  if (n) {
+    copy = malloc((size_t)n * sizeof *copy);
+    if (!copy)
+      return CAP_ENOMEM;
+    memcpy(copy, blocks, (size_t)n * sizeof *copy);
+  }
+  free(plan->blocks);
+  plan->blocks = copy;
+  plan->n_blocks = n;
+  plan->arena_bytes = n ? arena_bytes : 0;
+  return 0;
 }
 
 static int grow_actions(cap_plan_t *plan) {

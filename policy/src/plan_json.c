@@ -9,6 +9,12 @@
  *              "prefetch_at":{"tensor":ID,"access":K}|null, "sync_out":BOOL}
  *           | {"tensor":ID, "evict_after_access":K, "method":"recompute",
  *              "recompute_ops":[SEQ, ...]}]}
+ * and, when the plan has a placement,
+ *  "placement":{"arena_bytes":N,
+ *               "blocks":[{"tensor":ID, "kind":KIND, "action":I|null,
+ *                          "offset":N, "bytes":N, "start_ns":N, "end_ns":N,
+ *                          "share":I|null, "same_as":I|null}, ...]}
+ * with KIND one of cap_residency_kind_name's names.
  * An empty "recompute_ops" at the tensor's last access is a release
  * (plan.h). "trace", "budget_bytes", "policy" and "actions" are required; "version",
  * the predictions and "sync_out" are optional. Unknown or repeated keys,
@@ -36,6 +42,13 @@ static void put_str(FILE *f, const char *s) {
       fputc(*c, f);
   }
   fputc('"', f);
+}
+
+static void put_index(FILE *f, uint32_t i) {
+  if (i == CAP_NONE)
+    fputs("null", f);
+  else
+    fprintf(f, "%" PRIu32, i);
 }
 
 int cap_plan_write_json(FILE *f, const cap_plan_t *plan, const char *trace) {
@@ -72,7 +85,26 @@ int cap_plan_write_json(FILE *f, const cap_plan_t *plan, const char *trace) {
     }
     fputc('}', f);
   }
-  fputs("]}\n", f);
+  fputc(']', f);
+  if (plan->n_blocks) {
+    fprintf(f, ",\n\"placement\":{\"arena_bytes\":%" PRIu64 ",\"blocks\":[",
+            plan->arena_bytes);
+    for (uint32_t i = 0; i < plan->n_blocks; i++) {
+      const cap_block_t *b = &plan->blocks[i];
+      fprintf(f, "%s\n{\"tensor\":%" PRIu32 ",\"kind\":\"%s\",\"action\":",
+              i ? "," : "", b->tensor, cap_residency_kind_name(b->kind));
+      put_index(f, b->action);
+      fprintf(f, ",\"offset\":%" PRIu64 ",\"bytes\":%" PRIu64
+                 ",\"start_ns\":%" PRId64 ",\"end_ns\":%" PRId64 ",\"share\":",
+              b->offset, b->bytes, b->start_ns, b->end_ns);
+      put_index(f, b->share);
+      fputs(",\"same_as\":", f);
+      put_index(f, b->same_as);
+      fputc('}', f);
+    }
+    fputs("]}", f);
+  }
+  fputs("}\n", f);
   return ferror(f) ? CAP_EIO : 0;
 }
 
@@ -371,6 +403,146 @@ static int read_action(rd_t *r, cap_plan_t *plan, uint32_t **ops,
   return 0;
 }
 
+/* An index or null (CAP_NONE). */
+static int index_or_null(rd_t *r, uint32_t *out) {
+  uint64_t v;
+  if (lit(r, "null")) {
+    *out = CAP_NONE;
+    return 0;
+  }
+  if (num(r, UINT32_MAX - 1, &v))
+    return r->rc;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static int read_block(rd_t *r, cap_block_t *b) {
+  enum { B_TENSOR = 1, B_KIND = 2, B_ACTION = 4, B_OFFSET = 8, B_BYTES = 16,
+         B_START = 32, B_END = 64, B_SHARE = 128, B_SAME = 256, B_ALL = 511 };
+  bool first = true;
+  char key[32], kind[32];
+  unsigned got = 0;
+  uint64_t v;
+  int k;
+  while ((k = next_key(r, &first, key, sizeof key)) == 1) {
+    if (!strcmp(key, "tensor")) {
+      if (seen(r, &got, B_TENSOR, key) || num(r, UINT32_MAX - 1, &v))
+        return r->rc;
+      b->tensor = (uint32_t)v;
+    } else if (!strcmp(key, "kind")) {
+      if (seen(r, &got, B_KIND, key) || str(r, kind, sizeof kind))
+        return r->rc;
+      int kk = 0;
+      while (cap_residency_kind_name((cap_residency_kind_t)kk) &&
+             strcmp(cap_residency_kind_name((cap_residency_kind_t)kk), kind))
+        kk++;
+      if (!cap_residency_kind_name((cap_residency_kind_t)kk))
+        return rd_fail(r, "unknown block kind \"%s\"", kind);
+      b->kind = (cap_residency_kind_t)kk;
+    } else if (!strcmp(key, "action")) {
+      if (seen(r, &got, B_ACTION, key) || index_or_null(r, &b->action))
+        return r->rc;
+    } else if (!strcmp(key, "offset")) {
+      if (seen(r, &got, B_OFFSET, key) || num(r, UINT64_MAX, &b->offset))
+        return r->rc;
+    } else if (!strcmp(key, "bytes")) {
+      if (seen(r, &got, B_BYTES, key) || num(r, UINT64_MAX, &b->bytes))
+        return r->rc;
+    } else if (!strcmp(key, "start_ns")) {
+      if (seen(r, &got, B_START, key) || num(r, INT64_MAX, &v))
+        return r->rc;
+      b->start_ns = (int64_t)v;
+    } else if (!strcmp(key, "end_ns")) {
+      if (seen(r, &got, B_END, key) || num(r, INT64_MAX, &v))
+        return r->rc;
+      b->end_ns = (int64_t)v;
+    } else if (!strcmp(key, "share")) {
+      if (seen(r, &got, B_SHARE, key) || index_or_null(r, &b->share))
+        return r->rc;
+    } else if (!strcmp(key, "same_as")) {
+      if (seen(r, &got, B_SAME, key) || index_or_null(r, &b->same_as))
+        return r->rc;
+    } else {
+      return rd_fail(r, "unknown key \"%s\" in block", key);
+    }
+  }
+  if (k < 0)
+    return r->rc;
+  if (got != B_ALL)
+    return rd_fail(r, "a block needs tensor, kind, action, offset, bytes, "
+                      "start_ns, end_ns, share and same_as");
+  if (b->end_ns <= b->start_ns)
+    return rd_fail(r, "a block must end after it starts");
+  return 0;
+}
+
+static int read_placement(rd_t *r, cap_plan_t *plan) {
+  bool first = true, got_arena = false, got_blocks = false;
+  char key[32];
+  uint64_t arena = 0;
+  cap_block_t *blocks = NULL;
+  uint32_t n = 0, cap = 0;
+  int k;
+  while ((k = next_key(r, &first, key, sizeof key)) == 1) {
+    if (!strcmp(key, "arena_bytes")) {
+      if (got_arena) {
+        rd_fail(r, "duplicate key \"%s\"", key);
+        break;
+      }
+      got_arena = true;
+      if (num(r, UINT64_MAX, &arena))
+        break;
+    } else if (!strcmp(key, "blocks")) {
+      if (got_blocks) {
+        rd_fail(r, "duplicate key \"%s\"", key);
+        break;
+      }
+      got_blocks = true;
+      if (expect(r, '['))
+        break;
+      if (peek(r, ']')) {
+        r->pos++;
+        continue;
+      }
+      for (;;) {
+        if (n == cap) {
+          uint32_t c = cap ? cap * 2 : 256;
+          cap_block_t *nb = realloc(blocks, (size_t)c * sizeof *nb);
+          if (!nb) {
+            r->rc = CAP_ENOMEM;
+            break;
+          }
+          blocks = nb;
+          cap = c;
+        }
+        if (read_block(r, &blocks[n]))
+          break;
+        n++;
+        if (peek(r, ',')) {
+          r->pos++;
+          continue;
+        }
+        expect(r, ']');
+        break;
+      }
+      if (r->rc)
+        break;
+    } else {
+      rd_fail(r, "unknown key \"%s\" in placement", key);
+      break;
+    }
+  }
+  if (!r->rc && (!got_arena || !got_blocks))
+    rd_fail(r, "placement needs \"arena_bytes\" and \"blocks\"");
+  if (!r->rc) {
+    int rc = cap_plan_set_blocks(plan, blocks, n, arena);
+    if (rc)
+      r->rc = rc;
+  }
+  free(blocks);
+  return r->rc;
+}
+
 int cap_plan_read_json(const char *buf, size_t len, cap_plan_t **out,
                        char *err, size_t err_len) {
   if (err && err_len)
@@ -386,7 +558,7 @@ int cap_plan_read_json(const char *buf, size_t len, cap_plan_t **out,
   if (!plan)
     return CAP_ENOMEM;
   enum { T_TRACE = 1, T_BUDGET = 2, T_POLICY = 4, T_ACTIONS = 8, T_VERSION = 16,
-         T_ITER = 32, T_PEAK = 64 };
+         T_ITER = 32, T_PEAK = 64, T_PLACEMENT = 128 };
   unsigned got = 0;
   bool first = true;
   char key[64];
@@ -439,6 +611,9 @@ int cap_plan_read_json(const char *buf, size_t len, cap_plan_t **out,
         break;
       }
       if (r.rc)
+        break;
+    } else if (!strcmp(key, "placement")) {
+      if (seen(&r, &got, T_PLACEMENT, key) || read_placement(&r, plan))
         break;
     } else {
       rd_fail(&r, "unknown key \"%s\"", key);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "capuchin/error.h"
+#include "capuchin/placement.h"
 #include "capuchin/plan.h"
 
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
@@ -224,6 +225,18 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
         goto out_free;
       }
   }
+  for (uint32_t i = 0; i < plan->n_blocks; i++) {
+    const cap_block_t *b = &plan->blocks[i];
+    if (b->tensor >= p->n_tensors ||
+        (b->action != CAP_NONE && b->action >= plan->n_actions)) {
+      rc = fail(err, err_len, "block %u names tensor %u and action %d, of %u "
+                "and %u", i, b->tensor, b->action == CAP_NONE ? -1 : (int)b->action,
+                p->n_tensors, plan->n_actions);
+      goto out_free;
+    }
+  }
+  if (plan->n_blocks && (rc = cap_plan_check_blocks(plan, err, err_len)))
+    goto out_free;
   cap_plan_fault_t f;
   rc = cap_plan_walk(plan, p, &f);
   if (rc == CAP_EINVAL && err && err_len)

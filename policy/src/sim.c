@@ -95,11 +95,20 @@ typedef struct {
   uint32_t *evict_off, *evict; /* actions evicting after the op */
   uint32_t list_gen;
   uint32_t *temps; /* temporaries of the running recompute list */
+  uint32_t *temp_res; /* their residency intervals (when recording) */
   uint32_t n_temps, cap_temps;
   /* Memory curve being built. */
   cap_curve_point_t *pts;
   uint32_t n_pts, cap_pts;
   uint64_t mem; /* device bytes now */
+  /* Residency intervals, when asked for (cap_sim_residency). */
+  bool record;
+  cap_residency_t *res;
+  uint32_t n_res, cap_res;
+  uint32_t *open_res; /* tensor -> its open interval, CAP_NONE if none */
+  bool *had_res;      /* tensor -> has had an interval */
+  uint32_t op;        /* the op being prepared or run */
+  bool op_started;
   int err;
 } sim_t;
 
@@ -128,11 +137,65 @@ static void mem_change(sim_t *s, int64_t t, int64_t delta) {
   s->pts[s->n_pts++] = (cap_curve_point_t){t, s->mem};
 }
 
-static void t_alloc(sim_t *s, uint32_t id, int64_t t) {
-  mem_change(s, t, (int64_t)s->t[id].bytes);
+/* Open an interval for tensor id; returns its index (CAP_NONE when not
+ * recording or out of memory). A list temporary may coexist with the
+ * tensor's own interval (the replay makes a second copy of a resident
+ * output), so it is not the tensor's open interval: the list closes it. */
+static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
+                               cap_residency_kind_t how, uint32_t action) {
+  if (!s->record || s->err)
+    return CAP_NONE;
+  if (s->n_res == s->cap_res) {
+    uint32_t cap = s->cap_res ? s->cap_res * 2 : 1024;
+    cap_residency_t *nr = realloc(s->res, (size_t)cap * sizeof *nr);
+    if (!nr) {
+      s->err = CAP_ENOMEM;
+      return CAP_NONE;
+    }
+    s->res = nr;
+    s->cap_res = cap;
+  }
+  if (how != CAP_RESIDENCY_TEMPORARY)
+    s->open_res[id] = s->n_res;
+  s->had_res[id] = true;
+  s->res[s->n_res] = (cap_residency_t){.tensor = id, .kind = how,
+                                       .start_ns = t, .end_ns = -1,
+                                       .bytes = s->t[id].bytes,
+                                       .action = action,
+                                       .first_op = s->op,
+                                       .last_op = CAP_NONE};
+  return s->n_res++;
 }
-static void t_release(sim_t *s, uint32_t id, int64_t t) {
+
+static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out) {
+  if (r == CAP_NONE)
+    return;
+  s->res[r].end_ns = t;
+  s->res[r].last_op = s->op_started ? s->op : s->op - 1;
+  s->res[r].copied_out = copied_out;
+}
+
+static uint32_t t_alloc(sim_t *s, uint32_t id, int64_t t,
+                        cap_residency_kind_t how, uint32_t action) {
+  mem_change(s, t, (int64_t)s->t[id].bytes);
+  return open_residency(s, id, t, how, action);
+}
+/* copied_out: the memory is given back because a D2H copy of it ended
+ * (the copy read it until then). */
+static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
   mem_change(s, t, -(int64_t)s->t[id].bytes);
+  if (!s->record)
+    return;
+  /* A persistent tensor evicted for the first time has been on the device
+   * since before the iteration: its first interval starts at 0. */
+  if (s->open_res[id] == CAP_NONE && !s->had_res[id]) {
+    uint32_t op = s->op;
+    s->op = 0;
+    open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT, CAP_NONE);
+    s->op = op;
+  }
+  close_residency(s, s->open_res[id], t, copied_out);
+  s->open_res[id] = CAP_NONE;
 }
 
 /* --- copy engines ---------------------------------------------------------- */
@@ -225,7 +288,7 @@ static bool start_idle(sim_t *s, int64_t t) {
       tens_t *tt = &s->t[c->tensor];
       if (tt->state == CAP__TS_HOST) {
         tt->state = CAP__TS_SWAP_IN;
-        t_alloc(s, c->tensor, t);
+        t_alloc(s, c->tensor, t, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
       }
     }
     changed = true;
@@ -256,7 +319,7 @@ static void step(sim_t *s) {
     if (d == DIR_D2H) {
       if (tt->state == CAP__TS_SWAP_OUT) {
         tt->state = CAP__TS_HOST;
-        t_release(s, c->tensor, t);
+        t_release(s, c->tensor, t, true);
       }
     } else if (tt->state == CAP__TS_SWAP_IN) {
       tt->state = CAP__TS_RESIDENT;
@@ -388,22 +451,26 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
       if (yt->state == CAP__TS_DROPPED) {
         yt->state = CAP__TS_RESIDENT; /* restored by the replay */
         yt->action = CAP_NONE;
-        t_alloc(s, y, t);
+        t_alloc(s, y, t, CAP_RESIDENCY_RECOMPUTED, action);
         continue;
       }
       if (s->n_temps == s->cap_temps) {
         uint32_t cap = s->cap_temps ? s->cap_temps * 2 : 64;
         uint32_t *nt = realloc(s->temps, (size_t)cap * sizeof *nt);
-        if (!nt) {
+        if (nt)
+          s->temps = nt;
+        uint32_t *nr = realloc(s->temp_res, (size_t)cap * sizeof *nr);
+        if (nr)
+          s->temp_res = nr;
+        if (!nt || !nr) {
           s->err = CAP_ENOMEM;
           break;
         }
-        s->temps = nt;
         s->cap_temps = cap;
       }
-      s->temps[s->n_temps++] = y;
       yt->temp_gen = s->list_gen;
-      t_alloc(s, y, t);
+      s->temp_res[s->n_temps] = t_alloc(s, y, t, CAP_RESIDENCY_TEMPORARY, action);
+      s->temps[s->n_temps++] = y;
     }
     int64_t dur = o->end_ns - o->start_ns;
     t += dur;
@@ -412,7 +479,8 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
   advance_to(s, t);
   for (uint32_t i = 0; i < s->n_temps; i++) {
     s->t[s->temps[i]].temp_gen = 0;
-    t_release(s, s->temps[i], t);
+    mem_change(s, t, -(int64_t)s->t[s->temps[i]].bytes);
+    close_residency(s, s->temp_res[i], t, false);
   }
   s->n_temps = 0;
   if (owner->state == CAP__TS_DROPPED) /* the list did not produce it */
@@ -427,7 +495,7 @@ static void do_free(sim_t *s, uint32_t id, int64_t t) {
   case CAP__TS_SWAP_OUT:
   case CAP__TS_SWAP_IN:
     advance_to(s, t);
-    t_release(s, id, t);
+    t_release(s, id, t, false);
     break;
   default:
     break;
@@ -577,7 +645,11 @@ static void cleanup(sim_t *s) {
   free(s->evict_off);
   free(s->evict);
   free(s->temps);
+  free(s->temp_res);
   free(s->pts);
+  free(s->res);
+  free(s->open_res);
+  free(s->had_res);
 }
 
 /* --- the iteration --------------------------------------------------------- */
@@ -608,6 +680,8 @@ static void simulate(sim_t *s) {
   uint32_t fi = 0;
   for (uint32_t i = 0; i < p->n_ops && !s->err; i++) {
     const cap_op_t *o = &p->ops[i];
+    s->op = i;
+    s->op_started = false;
     int64_t gap = o->start_ns - prev_end;
     if (gap < 0)
       gap = 0;
@@ -648,6 +722,7 @@ static void simulate(sim_t *s) {
     /* The op starts. */
     int64_t start = t;
     advance_to(s, start);
+    s->op_started = true;
     for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
       uint32_t ai = s->trig[k];
       tens_t *tt = &s->t[plan->actions[ai].tensor];
@@ -658,7 +733,7 @@ static void simulate(sim_t *s) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       if (s->t[id].state == CAP__TS_UNBORN) {
         s->t[id].state = CAP__TS_RESIDENT;
-        t_alloc(s, id, start);
+        t_alloc(s, id, start, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE);
       }
     }
     /* Frees during this op. */
@@ -677,7 +752,7 @@ static void simulate(sim_t *s) {
       tt->action = ai;
       if (a->method == CAP_METHOD_RECOMPUTE) {
         tt->state = cap_action_is_release(a) ? CAP__TS_RELEASED : CAP__TS_DROPPED;
-        t_release(s, a->tensor, end);
+        t_release(s, a->tensor, end, false);
         continue;
       }
       tt->state = CAP__TS_SWAP_OUT;
@@ -705,13 +780,21 @@ static void simulate(sim_t *s) {
     fi++;
   }
   out->iter_ns = iter;
+  /* What is still on the device at the end stays into the next iteration:
+   * its interval ends with this one. */
+  for (uint32_t i = 0; s->record && i < s->n_res; i++)
+    if (s->res[i].end_ns < 0) {
+      s->res[i].end_ns = iter > s->res[i].start_ns ? iter : s->res[i].start_ns + 1;
+      s->res[i].last_op = p->n_ops - 1;
+    }
   for (uint32_t i = 0; plan && i < plan->n_actions; i++)
     if (plan->actions[i].method == CAP_METHOD_SWAP && s->copies[2 * i + 1].issued)
       out->swap_in_bytes += s->t[plan->actions[i].tensor].bytes;
 }
 
-int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
-                const cap_bandwidth_t *bw, cap_sim_result_t *out) {
+static int run_sim(const cap_profile_t *p, const cap_plan_t *plan,
+                   const cap_bandwidth_t *bw, cap_sim_result_t *out,
+                   cap_residency_t **res, uint32_t *n_res) {
   if (!out)
     return CAP_EINVAL;
   memset(out, 0, sizeof *out);
@@ -727,6 +810,18 @@ int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
   s.bw = *bw;
   s.out = out;
   s.list_gen = 1;
+  s.record = res != NULL;
+  if (s.record) {
+    s.open_res = malloc((p->n_tensors ? p->n_tensors : 1) * sizeof *s.open_res);
+    s.had_res = calloc(p->n_tensors ? p->n_tensors : 1, sizeof *s.had_res);
+    if (!s.open_res || !s.had_res) {
+      free(s.open_res);
+      free(s.had_res);
+      return CAP_ENOMEM;
+    }
+    for (uint32_t i = 0; i < p->n_tensors; i++)
+      s.open_res[i] = CAP_NONE;
+  }
   /* The one definition of what a plan means: a plan whose lists cannot
    * run as written is not simulated (cap_plan_validate says why). */
   int rc = plan ? cap_plan_walk(plan, p, NULL) : 0;
@@ -751,11 +846,31 @@ int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
     out->curve.peak_bytes = peak;
     out->curve.peak_t_ns = peak_t;
     s.pts = NULL;
+    if (s.record) {
+      *res = s.res;
+      *n_res = s.n_res;
+      s.res = NULL;
+    }
   }
   cleanup(&s);
   if (rc)
     cap_sim_result_close(out);
   return rc;
+}
+
+int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
+                const cap_bandwidth_t *bw, cap_sim_result_t *out) {
+  return run_sim(p, plan, bw, out, NULL, NULL);
+}
+
+int cap_sim_residency(const cap_profile_t *p, const cap_plan_t *plan,
+                      const cap_bandwidth_t *bw, cap_sim_result_t *out,
+                      cap_residency_t **res, uint32_t *n_res) {
+  if (!res || !n_res)
+    return CAP_EINVAL;
+  *res = NULL;
+  *n_res = 0;
+  return run_sim(p, plan, bw, out, res, n_res);
 }
 
 void cap_sim_result_close(cap_sim_result_t *r) {

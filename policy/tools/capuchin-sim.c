@@ -5,7 +5,7 @@
  *   capuchin-sim --trace FILE --info [--json]
  *   capuchin-sim --trace FILE --budget BYTES|N% [--policy NAME|all]
  *                [--h2d-gbps G] [--d2h-gbps G] [--duplex-gbps G]
- *                [--evict-persistent] [--json] [--emit-plan FILE]
+ *                [--evict-persistent] [--placement] [--json] [--emit-plan FILE]
  *   capuchin-sim --trace FILE --check-plan FILE [bandwidths] [--json]
  *
  * Exit status: 0 on success; 1 when the trace or plan cannot be read or a
@@ -29,6 +29,7 @@
 
 #include "capuchin/error.h"
 #include "capuchin/plan.h"
+#include "capuchin/placement.h"
 #include "capuchin/planner.h"
 #include "capuchin/profile.h"
 #include "capuchin/sim.h"
@@ -49,6 +50,7 @@ typedef struct sim_args {
   bool evict_persistent;  /* --evict-persistent */
   const char *emit_plan;  /* --emit-plan FILE */
   const char *check_plan; /* --check-plan FILE */
+  bool placement;         /* --placement */
 } sim_args_t;
 
 enum {
@@ -64,6 +66,7 @@ enum {
   OPT_EVICT_PERSISTENT,
   OPT_EMIT_PLAN,
   OPT_CHECK_PLAN,
+  OPT_PLACEMENT,
 };
 
 static const struct option options[] = {
@@ -79,6 +82,7 @@ static const struct option options[] = {
     {"evict-persistent", no_argument, NULL, OPT_EVICT_PERSISTENT},
     {"emit-plan", required_argument, NULL, OPT_EMIT_PLAN},
     {"check-plan", required_argument, NULL, OPT_CHECK_PLAN},
+    {"placement", no_argument, NULL, OPT_PLACEMENT},
     {NULL, 0, NULL, 0},
 };
 
@@ -86,7 +90,8 @@ static void usage(FILE *f) {
   fputs("usage: capuchin-sim --trace FILE --info [--json]\n"
         "       capuchin-sim --trace FILE --budget BYTES|N% [--policy NAME|all]\n"
         "                    [--h2d-gbps 55.1] [--d2h-gbps 55.1] [--duplex-gbps 85.8]\n"
-        "                    [--evict-persistent] [--json] [--emit-plan FILE]\n"
+        "                    [--evict-persistent] [--placement] [--json]\n"
+        "                    [--emit-plan FILE]\n"
         "       capuchin-sim --trace FILE --check-plan FILE [--json] [bandwidths]\n"
         "\n"
         "  --trace FILE         a capuchin-trace 1 file (one measured iteration)\n"
@@ -100,9 +105,12 @@ static void usage(FILE *f) {
         "  --d2h-gbps G         device-to-host bandwidth, GB/s (default 55.1)\n"
         "  --duplex-gbps G      both directions at once, total GB/s (default 85.8)\n"
         "  --evict-persistent   let planners evict params and inputs too\n"
+        "  --placement          plan with placement: an address for every block,\n"
+        "                       persistent bytes + arena within the budget\n"
         "  --emit-plan FILE     write the plan as JSON (the capuchin plan with all)\n"
         "  --check-plan FILE    re-simulate a plan written by --emit-plan; exit 1\n"
-        "                       if its peak or iteration time differs\n"
+        "                       if its peak or iteration time differs, or its\n"
+        "                       placement misses a block or two blocks collide\n"
         "  --json               print one JSON object instead of text\n"
         "  --help               print this help\n"
         "\n"
@@ -206,6 +214,9 @@ static int parse_args(int argc, char **argv, sim_args_t *a) {
     case OPT_CHECK_PLAN:
       a->check_plan = optarg;
       break;
+    case OPT_PLACEMENT:
+      a->placement = true;
+      break;
     case OPT_HELP:
       usage(stdout);
       exit(0);
@@ -224,8 +235,9 @@ static int parse_args(int argc, char **argv, sim_args_t *a) {
     return usage_error("%s", "nothing to do: give --info, --budget or --check-plan");
   if (modes > 1)
     return usage_error("%s", "--info, --budget and --check-plan are separate modes");
-  if ((a->policy || a->emit_plan || a->evict_persistent) && !a->budget)
-    return usage_error("%s", "--policy, --emit-plan and --evict-persistent need --budget");
+  if ((a->policy || a->emit_plan || a->evict_persistent || a->placement) &&
+      !a->budget)
+    return usage_error("%s", "--policy, --emit-plan, --evict-persistent and --placement need --budget");
   return 0;
 }
 
@@ -302,6 +314,9 @@ typedef struct result {
   int rc; /* 0 feasible, CAP_EINFEASIBLE, or an error */
   cap_sim_result_t sim;
   double plan_ms;
+  uint64_t arena_bytes;      /* placement: the arena (0: no placement) */
+  uint64_t outside_bytes;    /* placement: persistent bytes outside it */
+  uint64_t placed_peak_bytes;/* placement: live peak of the blocks */
 } result_t;
 
 static double now_ms(void) {
@@ -324,11 +339,16 @@ static void print_results(const sim_args_t *a, uint64_t budget,
       printf(",\"feasible\":%s,\"peak_bytes\":%" PRIu64 ",\"iter_ns\":%" PRId64
              ",\"overhead_pct\":%.3f,\"swap_out_bytes\":%" PRIu64
              ",\"swap_in_bytes\":%" PRIu64 ",\"recompute_ns\":%" PRId64
-             ",\"stall_ns\":%" PRId64 ",\"plan_ms\":%.3f}",
+             ",\"stall_ns\":%" PRId64 ",\"plan_ms\":%.3f",
              r[i].rc == 0 ? "true" : "false", s->peak_bytes, s->iter_ns,
              100.0 * (double)(s->iter_ns - base_ns) / (double)base_ns,
              s->swap_out_bytes, s->swap_in_bytes, s->recompute_ns, s->stall_ns,
              r[i].plan_ms);
+      if (r[i].arena_bytes)
+        printf(",\"arena_bytes\":%" PRIu64 ",\"outside_arena_bytes\":%" PRIu64
+               ",\"placed_peak_bytes\":%" PRIu64,
+               r[i].arena_bytes, r[i].outside_bytes, r[i].placed_peak_bytes);
+      putchar('}');
     }
     printf("]}\n");
     return;
@@ -347,6 +367,17 @@ static void print_results(const sim_args_t *a, uint64_t budget,
            ms(s->iter_ns), 100.0 * (double)(s->iter_ns - base_ns) / (double)base_ns,
            mib(s->swap_out_bytes), mib(s->swap_in_bytes), ms(s->recompute_ns),
            ms(s->stall_ns), r[i].plan_ms);
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!r[i].arena_bytes)
+      continue;
+    printf("%-16s placement: %.1f MiB outside + %.1f MiB arena = %.1f MiB",
+           r[i].policy, mib(r[i].outside_bytes), mib(r[i].arena_bytes),
+           mib(r[i].outside_bytes + r[i].arena_bytes));
+    if (r[i].placed_peak_bytes)
+      printf(" (arena / live peak %.4f)",
+             (double)r[i].arena_bytes / (double)r[i].placed_peak_bytes);
+    putchar('\n');
   }
 }
 
@@ -394,7 +425,16 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
     r->policy = cap_planner_names[i];
     cap_plan_t *plan = NULL;
     double t0 = now_ms();
-    r->rc = cap_plan_compute(p, r->policy, &cfg, &plan);
+    if (a->placement) {
+      cap_plan_placement_t pp;
+      r->rc = cap_plan_compute_placed(p, r->policy, &cfg, &plan, &pp);
+      r->arena_bytes = pp.placement.arena_bytes;
+      r->outside_bytes = pp.persistent_bytes;
+      r->placed_peak_bytes = pp.placement.peak_bytes;
+      cap_plan_placement_close(&pp);
+    } else {
+      r->rc = cap_plan_compute(p, r->policy, &cfg, &plan);
+    }
     r->plan_ms = now_ms() - t0;
     if (r->rc && r->rc != CAP_EINFEASIBLE) {
       fprintf(stderr, "capuchin-sim: %s: %s\n", r->policy, cap_strerror(r->rc));
@@ -502,7 +542,8 @@ static int cmd_check(const sim_args_t *a, const cap_profile_t *p) {
     fprintf(stderr, "capuchin-sim: %s: %s\n", a->check_plan, err);
     return 1;
   }
-  if (cap_plan_validate(plan, p, err, sizeof err)) {
+  if (cap_plan_validate(plan, p, err, sizeof err) ||
+      cap_plan_check_placement(plan, p, &a->bw, err, sizeof err)) {
     fprintf(stderr, "capuchin-sim: %s: not a plan for %s: %s\n", a->check_plan,
             a->trace, err);
     cap_plan_destroy(plan);
@@ -520,6 +561,14 @@ static int cmd_check(const sim_args_t *a, const cap_profile_t *p) {
     return 1;
   }
   r.rc = r.sim.peak_bytes <= plan->budget_bytes ? 0 : CAP_EINFEASIBLE;
+  r.arena_bytes = plan->arena_bytes;
+  if (plan->n_blocks) {
+    uint64_t moved = 0; /* persistent tensors the plan evicts: in the arena */
+    for (uint32_t i = 0; i < plan->n_blocks; i++)
+      if (plan->blocks[i].kind == CAP_RESIDENCY_PERSISTENT)
+        moved += plan->blocks[i].bytes;
+    r.outside_bytes = p->persistent_bytes - moved;
+  }
   print_results(a, plan->budget_bytes, p, base.iter_ns, &r, 1);
   int status = 0;
   if ((plan->predicted_peak_bytes &&

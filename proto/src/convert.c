@@ -103,6 +103,14 @@ static bool action_ok(const cap_plan_t *plan, const cap_action_t *a) {
   }
 }
 
+/* Block kinds cross the wire as their cap_residency_kind_t values. */
+_Static_assert((int)CAPUCHIN__BLOCK_KIND__BLOCK_FIRST_TOUCH == (int)CAP_RESIDENCY_FIRST_TOUCH &&
+                   (int)CAPUCHIN__BLOCK_KIND__BLOCK_SWAPPED_IN == (int)CAP_RESIDENCY_SWAPPED_IN &&
+                   (int)CAPUCHIN__BLOCK_KIND__BLOCK_RECOMPUTED == (int)CAP_RESIDENCY_RECOMPUTED &&
+                   (int)CAPUCHIN__BLOCK_KIND__BLOCK_TEMPORARY == (int)CAP_RESIDENCY_TEMPORARY &&
+                   (int)CAPUCHIN__BLOCK_KIND__BLOCK_PERSISTENT == (int)CAP_RESIDENCY_PERSISTENT,
+               "BlockKind and cap_residency_kind_t must agree");
+
 int cap_proto_plan_to_msg(const cap_plan_t *plan, Capuchin__Plan **out) {
   *out = NULL;
   if (!plan || plan->policy[0] == '\0' ||
@@ -168,6 +176,41 @@ int cap_proto_plan_to_msg(const cap_plan_t *plan, Capuchin__Plan **out) {
       pa->n_recompute_ops = a->n_recompute;
     }
   }
+  if (plan->n_blocks) {
+    m->blocks = calloc(plan->n_blocks, sizeof *m->blocks);
+    if (!m->blocks)
+      goto out_free;
+    m->has_arena_bytes = 1;
+    m->arena_bytes = plan->arena_bytes;
+  }
+  for (uint32_t i = 0; i < plan->n_blocks; i++) {
+    const cap_block_t *b = &plan->blocks[i];
+    Capuchin__PlanBlock *pb = malloc(sizeof *pb);
+    if (!pb)
+      goto out_free;
+    capuchin__plan_block__init(pb);
+    m->blocks[m->n_blocks++] = pb;
+    pb->has_tensor = pb->has_kind = pb->has_offset = pb->has_bytes = 1;
+    pb->has_start_ns = pb->has_end_ns = 1;
+    pb->tensor = b->tensor;
+    pb->kind = (Capuchin__BlockKind)b->kind;
+    pb->offset = b->offset;
+    pb->bytes = b->bytes;
+    pb->start_ns = b->start_ns;
+    pb->end_ns = b->end_ns;
+    if (b->action != CAP_NONE) {
+      pb->has_action = 1;
+      pb->action = b->action;
+    }
+    if (b->share != CAP_NONE) {
+      pb->has_share = 1;
+      pb->share = b->share;
+    }
+    if (b->same_as != CAP_NONE) {
+      pb->has_same_as = 1;
+      pb->same_as = b->same_as;
+    }
+  }
   *out = m;
   return 0;
 
@@ -222,6 +265,27 @@ int cap_proto_plan_from_msg(const Capuchin__Plan *msg,
       return cap__proto_fail(err, err_len, rc, "plan: actions[%zu]: %s", i,
                              cap_strerror(rc));
     }
+  }
+  if (msg->n_blocks > UINT32_MAX) {
+    cap_plan_destroy(plan);
+    return cap__proto_fail(err, err_len, CAP_ERANGE, "plan: too many blocks");
+  }
+  if (msg->n_blocks) {
+    plan->blocks = malloc(msg->n_blocks * sizeof *plan->blocks);
+    if (!plan->blocks)
+      goto out_nomem;
+    plan->n_blocks = (uint32_t)msg->n_blocks;
+    plan->arena_bytes = msg->arena_bytes;
+  }
+  for (size_t i = 0; i < msg->n_blocks; i++) {
+    const Capuchin__PlanBlock *b = msg->blocks[i];
+    plan->blocks[i] = (cap_block_t){
+        .tensor = b->tensor, .kind = (cap_residency_kind_t)b->kind,
+        .action = b->has_action ? b->action : CAP_NONE,
+        .offset = b->offset, .bytes = b->bytes,
+        .start_ns = b->start_ns, .end_ns = b->end_ns,
+        .share = b->has_share ? b->share : CAP_NONE,
+        .same_as = b->has_same_as ? b->same_as : CAP_NONE};
   }
   *out = plan;
   return 0;

@@ -400,6 +400,42 @@ static int v_action(vctx_t *c, const Capuchin__PlanAction *a, size_t i) {
   }
 }
 
+static int v_block(vctx_t *c, const Capuchin__Plan *m, size_t i) {
+  const Capuchin__PlanBlock *b = m->blocks[i];
+  if (!b)
+    return FAIL(c, CAP_EINVAL, "blocks[%zu] missing", i);
+  if (!b->has_tensor || !b->has_kind || !b->has_offset || !b->has_bytes ||
+      !b->has_start_ns || !b->has_end_ns)
+    return FAIL(c, CAP_EINVAL, "blocks[%zu]: missing a field (tensor, kind, "
+                "offset, bytes, start_ns, end_ns)", i);
+  if (b->tensor >= c->lim->max_tensor_id)
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: tensor %u out of range", i,
+                b->tensor);
+  if ((int)b->kind < CAPUCHIN__BLOCK_KIND__BLOCK_FIRST_TOUCH ||
+      (int)b->kind > CAPUCHIN__BLOCK_KIND__BLOCK_PERSISTENT)
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: kind %d is not a kind", i,
+                (int)b->kind);
+  if (b->has_action && b->action >= m->n_actions)
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: action %u of %zu", i, b->action,
+                m->n_actions);
+  if (b->bytes == 0 || b->offset > m->arena_bytes ||
+      b->bytes > m->arena_bytes - b->offset)
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: %llu+%llu outside the arena of "
+                "%llu bytes", i, (unsigned long long)b->offset,
+                (unsigned long long)b->bytes,
+                (unsigned long long)m->arena_bytes);
+  CHECK_RC(check_ns(c, b->start_ns, "blocks.start_ns"));
+  if (b->end_ns <= b->start_ns)
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: ends at %lld, not after its start "
+                "at %lld", i, (long long)b->end_ns, (long long)b->start_ns);
+  if ((b->has_share && b->share >= m->n_blocks) ||
+      (b->has_same_as && b->same_as >= m->n_blocks))
+    return FAIL(c, CAP_ERANGE, "blocks[%zu]: names block %u of %zu", i,
+                b->has_share && b->share >= m->n_blocks ? b->share : b->same_as,
+                m->n_blocks);
+  return 0;
+}
+
 static int v_plan(vctx_t *c, const Capuchin__Plan *m) {
   NEED(c, m, version);
   if (m->version == 0)
@@ -419,6 +455,11 @@ static int v_plan(vctx_t *c, const Capuchin__Plan *m) {
   if (total_ops > c->lim->max_items)
     return FAIL(c, CAP_ERANGE, "%llu recompute ops in all, limit %u",
                 (unsigned long long)total_ops, c->lim->max_items);
+  CHECK_RC(check_count(c, m->n_blocks, "blocks"));
+  if (m->n_blocks && !m->has_arena_bytes)
+    return FAIL(c, CAP_EINVAL, "blocks without arena_bytes");
+  for (size_t i = 0; i < m->n_blocks; i++)
+    CHECK_RC(v_block(c, m, i));
   return 0;
 }
 

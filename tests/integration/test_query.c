@@ -15,6 +15,7 @@
 
 #include "cap_test.h"
 #include "capuchin/error.h"
+#include "capuchin/placement.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
 #include "store.h"
@@ -187,6 +188,12 @@ static void populate(void) {
   REQUIRE(p1 && p2);
   REQUIRE(p1->n_actions >= 10);
   p2->budget_bytes = p1->budget_bytes;
+  /* Plan 2 carries a placement; plan 1, like plans stored before there
+   * were placements, does not. */
+  cap_plan_placement_t pp;
+  REQUIRE(cap_plan_place(prof, p2, &bw, CAP_PLACE_BEST, &pp) == 0);
+  REQUIRE(cap_plan_attach_placement(p2, &pp) == 0);
+  cap_plan_placement_close(&pp);
   REQUIRE(cap_store_plan_put(s, prof_id, job_a, p1, &bw, &plan1) == 0);
   REQUIRE(cap_store_plan_put(s, prof_id, job_a, p2, &bw, &plan2) == 0);
   for (uint64_t i = 1; i <= 5; i++) {
@@ -371,6 +378,72 @@ static void test_timeline(void) {
   CHECK_EQ(query(args), 64);
 }
 
+/* The address picture: plan 2's stored placement, and plan 1 placed on the
+ * spot; `plan` shows where each action's tensor comes back. */
+static void test_placement(void) {
+  char args[2048], svg[600];
+  snprintf(svg, sizeof svg, "%s", path_in("placement.svg"));
+  snprintf(args, sizeof args, "--db '%s' --format json timeline %lld --placement --svg '%s'",
+           db_path, (long long)plan2, svg);
+  CHECK_EQ(query(args), 0);
+  CHECK(file_contains(svg, "<svg"));
+  CHECK(file_contains(svg, "address in the arena (MiB)"));
+  CHECK(file_contains(svg, "prefetched"));
+  CHECK(file_contains(svg, "room for the arena"));
+  char script[1024];
+  snprintf(script, sizeof script,
+           "import json,sys; r=json.load(open(sys.argv[1]))[0]; "
+           "assert r[\"blocks\"]==%u and r[\"arena_bytes\"]==%llu, r; "
+           "assert r[\"placed_now\"]==0 and r[\"live_peak_bytes\"]>0, r; "
+           "assert r[\"arena_bytes\"]<=r[\"live_peak_bytes\"]*1.03, r",
+           p2->n_blocks, (unsigned long long)p2->arena_bytes);
+  CHECK(py(script));
+  if (have_python) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import sys,xml.etree.ElementTree as E; "
+             "r=E.parse(sys.argv[1]).getroot(); "
+             "ns=\"{http://www.w3.org/2000/svg}\"; "
+             "assert len(r.findall(\".//\"+ns+\"rect\"))>=%u' '%s'",
+             p2->n_blocks, svg);
+    CHECK(system(cmd) == 0);
+  }
+  if (system("command -v chromium >/dev/null 2>&1") == 0) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 chromium --headless --no-sandbox --disable-gpu "
+             "--disable-background-networking --disable-component-update "
+             "--disable-sync --no-first-run --user-data-dir='%s' "
+             "--screenshot='%s' --window-size=1200,700 'file://%s' "
+             ">/dev/null 2>&1",
+             path_in("chromium-profile"), path_in("placement.png"), svg);
+    int st = system(cmd);
+    struct stat sb;
+    CHECK(st == 0 && stat(path_in("placement.png"), &sb) == 0 &&
+          sb.st_size > 10000);
+  }
+  /* Plan 1 has no stored placement: placed now, and said so. */
+  snprintf(args, sizeof args, "--db '%s' timeline %lld --placement --svg '%s'",
+           db_path, (long long)plan1, svg);
+  CHECK_EQ(query(args), 0);
+  CHECK(file_contains(svg, "placed now"));
+  /* The plan table: where each action's tensor comes back. */
+  snprintf(args, sizeof args, "--db '%s' --format json plan %lld", db_path,
+           (long long)plan2);
+  CHECK_EQ(query(args), 0);
+  CHECK(py("import json,sys; d=json.load(open(sys.argv[1])); "
+           "assert d[\"plan\"][\"arena_bytes\"]>0, d[\"plan\"]; "
+           "a=[x for x in d[\"actions\"] if x[\"method\"].startswith(\"swap\")]; "
+           "assert a and all(x[\"return_offset_bytes\"] is not None and "
+           "x[\"return_offset_bytes\"]+x[\"bytes\"]<=d[\"plan\"][\"arena_bytes\"] "
+           "for x in a), a[:3]"));
+  snprintf(args, sizeof args, "--db '%s' plan %lld", db_path, (long long)plan2);
+  CHECK_EQ(query(args), 0);
+  CHECK(file_contains(path_in("out.txt"), "back at MiB"));
+  snprintf(args, sizeof args, "--db '%s' plans --placement", db_path);
+  CHECK_EQ(query(args), 64);
+}
+
 static void test_export_trace(void) {
   char args[2048];
   char out[600];
@@ -497,6 +570,7 @@ int main(void) {
   RUN_TEST(test_profiles_and_plans);
   RUN_TEST(test_iterations);
   RUN_TEST(test_timeline);
+  RUN_TEST(test_placement);
   RUN_TEST(test_export_trace);
   RUN_TEST(test_bad_usage);
   RUN_TEST(test_while_writing);

@@ -6,91 +6,23 @@
 #include <string.h>
 
 #include "capuchin/error.h"
+#include "svg_plot.h"
 
-#define W 1200
-#define H 700
-#define ML 100 /* margins of the plot area */
-#define MR 40
-#define MT 112
-#define MB 76
-#define PW (W - ML - MR)
-#define PH (H - MT - MB)
-#define FONT "DejaVu Sans, Helvetica, Arial, sans-serif"
-/* Labels over curves get a white halo so they stay readable. */
-#define HALO                                                                   \
-  "stroke=\"#ffffff\" stroke-width=\"3.5\" paint-order=\"stroke\" "            \
-  "stroke-linejoin=\"round\""
+#define ML CAP_SVG_ML
+#define MT CAP_SVG_MT
+#define PW CAP_SVG_PW
+#define PH CAP_SVG_PH
+#define HALO CAP_SVG_HALO
 
 #define C_UNMANAGED "#80868b"
 #define C_PLANNED "#1a73e8"
 #define C_BUDGET "#d93025"
 #define C_FLOOR "#5f6368"
 
-typedef struct scale {
-  double xmax_ms, ymax_mib;
-} scale_t;
-
-static double px_x(const scale_t *s, double ms) {
-  return ML + ms / s->xmax_ms * PW;
-}
-static double px_y(const scale_t *s, double mib) {
-  return MT + PH - mib / s->ymax_mib * PH;
-}
-
-static void xml_text(FILE *f, const char *s) {
-  for (; s && *s; s++) {
-    switch (*s) {
-    case '<':
-      fputs("&lt;", f);
-      break;
-    case '>':
-      fputs("&gt;", f);
-      break;
-    case '&':
-      fputs("&amp;", f);
-      break;
-    case '"':
-      fputs("&quot;", f);
-      break;
-    default:
-      if ((unsigned char)*s >= 0x20 || *s == '\t')
-        fputc(*s, f);
-    }
-  }
-}
-
-/* A "nice" tick step (1, 2, 2.5 or 5 x 10^k) giving about `target` ticks. */
-static double nice_step(double range, int target) {
-  double raw = range / target;
-  double mag = pow(10, floor(log10(raw)));
-  double norm = raw / mag;
-  double nice = norm <= 1     ? 1
-                : norm <= 2   ? 2
-                : norm <= 2.5 ? 2.5
-                : norm <= 5   ? 5
-                              : 10;
-  return nice * mag;
-}
-
-/* "12,345" (thousands separators) or "12.5" for small fractional values. */
-static void fmt_num(char *buf, size_t len, double v) {
-  if (fabs(v - round(v)) > 1e-9 && fabs(v) < 1000) {
-    snprintf(buf, len, "%.*f", fabs(v) < 10 ? 2 : 1, v);
-    return;
-  }
-  long long n = llround(v);
-  char tmp[32];
-  snprintf(tmp, sizeof tmp, "%lld", n < 0 ? -n : n);
-  size_t l = strlen(tmp), o = 0;
-  if (n < 0 && o + 1 < len)
-    buf[o++] = '-';
-  for (size_t i = 0; i < l && o + 2 < len; i++) {
-    if (i && (l - i) % 3 == 0)
-      buf[o++] = ',';
-    buf[o++] = tmp[i];
-  }
-  buf[o] = '\0';
-}
+/* x in ms, y in MiB. */
+typedef cap_svg_scale_t scale_t;
+static double px_x(const scale_t *s, double ms) { return cap_svg_x(s, ms); }
+static double px_y(const scale_t *s, double mib) { return cap_svg_y(s, mib); }
 
 /* The step curve of c as a path; closed to the x axis when `area`. */
 static void curve_path(FILE *f, const scale_t *s, const cap_curve_t *c,
@@ -126,7 +58,7 @@ static void peak_marker(FILE *f, const scale_t *s, const cap_curve_t *c,
   double mib = (double)c->peak_bytes / 1048576.0;
   double my = px_y(s, mib);
   char n[32];
-  fmt_num(n, sizeof n, mib);
+  cap_svg_num(n, sizeof n, mib);
   bool right = mx > ML + PW * 0.62;
   fprintf(f,
           "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4.5\" fill=\"%s\" "
@@ -156,72 +88,10 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
     top = (double)pl->peak_bytes;
   if ((double)tl->budget_bytes > top)
     top = (double)tl->budget_bytes;
-  top /= 1048576.0;
-  if (!(end_ms > 0))
-    end_ms = 1;
-  if (!(top > 0))
-    top = 1;
-  double xstep = nice_step(end_ms, 10), ystep = nice_step(top * 1.12, 7);
-  scale_t s = {ceil(end_ms / xstep - 1e-9) * xstep,
-               ceil(top * 1.12 / ystep - 1e-9) * ystep};
+  scale_t s = cap_svg_scale(end_ms, top / 1048576.0);
 
-  fprintf(f,
-          "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" "
-          "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-          "font-family=\"%s\">\n",
-          W, H, W, H, FONT);
-  fputs("<title>", f);
-  xml_text(f, tl->title);
-  fputs("</title>\n", f);
-  fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
-  fprintf(f,
-          "<text x=\"%d\" y=\"34\" font-size=\"21\" font-weight=\"bold\" "
-          "fill=\"#202124\">",
-          ML);
-  xml_text(f, tl->title);
-  fputs("</text>\n", f);
-  if (tl->subtitle) {
-    fprintf(f, "<text x=\"%d\" y=\"58\" font-size=\"13.5\" fill=\"#5f6368\">",
-            ML);
-    xml_text(f, tl->subtitle);
-    fputs("</text>\n", f);
-  }
-
-  /* Grid and ticks. */
-  fputs("<g font-size=\"12\" fill=\"#5f6368\">\n", f);
-  for (double v = 0; v <= s.ymax_mib + ystep * 1e-6; v += ystep) {
-    double y = px_y(&s, v);
-    fmt_num(a, sizeof a, v);
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
-            "stroke-width=\"1\"/>\n"
-            "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-            ML, y, ML + PW, y, v == 0 ? "#9aa0a6" : "#eceff1", ML - 8, y + 4,
-            a);
-  }
-  for (double v = 0; v <= s.xmax_ms + xstep * 1e-6; v += xstep) {
-    double x = px_x(&s, v);
-    fmt_num(a, sizeof a, v);
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
-            "stroke-width=\"1\"/>\n"
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
-            "stroke=\"#9aa0a6\"/>\n"
-            "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
-            x, MT, x, MT + PH, v == 0 ? "#9aa0a6" : "#eceff1", x, MT + PH, x,
-            MT + PH + 5, x, MT + PH + 20, a);
-  }
-  fprintf(f,
-          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13.5\" "
-          "fill=\"#3c4043\">time in the iteration (ms)</text>\n",
-          ML + PW / 2, H - 22);
-  fprintf(f,
-          "<text transform=\"translate(28 %d) rotate(-90)\" "
-          "text-anchor=\"middle\" font-size=\"13.5\" fill=\"#3c4043\">device "
-          "memory (MiB)</text>\n",
-          MT + PH / 2);
-  fputs("</g>\n", f);
+  cap_svg_begin(f, tl->title, tl->subtitle);
+  cap_svg_grid(f, &s, "time in the iteration (ms)", "device memory (MiB)");
 
   /* Curves: the unmanaged area behind, the planned area in front. */
   fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.22\" stroke=\"none\" d=\"",
@@ -248,7 +118,7 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   /* Persistent floor and budget line, labelled at the right end. */
   if (tl->persistent_bytes) {
     double y = px_y(&s, (double)tl->persistent_bytes / 1048576.0);
-    fmt_num(a, sizeof a, (double)tl->persistent_bytes / 1048576.0);
+    cap_svg_num(a, sizeof a, (double)tl->persistent_bytes / 1048576.0);
     fprintf(f,
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
@@ -260,7 +130,7 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
   }
   if (tl->budget_bytes) {
     double y = px_y(&s, (double)tl->budget_bytes / 1048576.0);
-    fmt_num(a, sizeof a, (double)tl->budget_bytes / 1048576.0);
+    cap_svg_num(a, sizeof a, (double)tl->budget_bytes / 1048576.0);
     fprintf(f,
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"2\" stroke-dasharray=\"9 5\"/>\n"

@@ -46,6 +46,39 @@ typedef struct cap_action {
   uint32_t n_recompute;
 } cap_action_t;
 
+/* How a block of device memory came to hold a tensor. */
+typedef enum {
+  CAP_RESIDENCY_FIRST_TOUCH = 0, /* allocated at its first access */
+  CAP_RESIDENCY_SWAPPED_IN = 1,  /* brought back by a prefetch or on demand */
+  CAP_RESIDENCY_RECOMPUTED = 2,  /* restored by a recompute list */
+  CAP_RESIDENCY_TEMPORARY = 3,   /* a recompute list's intermediate, kept
+                                    until the list ends */
+  CAP_RESIDENCY_PERSISTENT = 4,  /* a persistent tensor the plan evicts: on
+                                    the device since before the iteration */
+} cap_residency_kind_t;
+
+/* "first_touch", "swapped_in", "recomputed", "temporary", "persistent";
+ * NULL for an unknown kind. */
+const char *cap_residency_kind_name(cap_residency_kind_t k);
+
+/* A block of the plan's placement: where in the arena one stay of a tensor
+ * on the device lives (placement.h). The client finds the block of an
+ * allocation by what makes it: the tensor's first touch, the swap-in or the
+ * recompute of an action, a list's temporary, or a persistent tensor's
+ * stay from the iteration's start. */
+typedef struct cap_block {
+  uint32_t tensor;
+  cap_residency_kind_t kind;
+  uint32_t action;  /* see cap_residency_t.action */
+  uint64_t offset;  /* from the arena's base */
+  uint64_t bytes;
+  int64_t start_ns, end_ns; /* predicted stay, [start_ns, end_ns) */
+  uint32_t share;   /* the block whose bytes this one takes over during the
+                       op that is the other's last use, or CAP_NONE */
+  uint32_t same_as; /* the block at the same offset across the iteration's
+                       boundary, or CAP_NONE */
+} cap_block_t;
+
 typedef struct cap_plan {
   uint32_t version;      /* 1 for a new plan, +1 for each refinement */
   /* The job's budget the plan was made for, persistent bytes included:
@@ -64,11 +97,20 @@ typedef struct cap_plan {
   /* What the simulator predicted for this plan (0 when not simulated). */
   int64_t predicted_iter_ns;
   uint64_t predicted_peak_bytes;
+  /* Placement (none when n_blocks is 0): the transient tensors' blocks in
+   * one arena of arena_bytes, beside the persistent tensors that stay. */
+  cap_block_t *blocks;
+  uint32_t n_blocks;
+  uint64_t arena_bytes;
 } cap_plan_t;
 
 cap_plan_t *cap_plan_create(const char *policy, uint64_t budget_bytes);
 void cap_plan_destroy(cap_plan_t *plan); /* NULL is a no-op */
 cap_plan_t *cap_plan_clone(const cap_plan_t *plan);
+
+/* Replace the plan's placement by a copy of blocks[0..n) (n 0: none). */
+int cap_plan_set_blocks(cap_plan_t *plan, const cap_block_t *blocks,
+                        uint32_t n, uint64_t arena_bytes);
 
 int cap_plan_add_swap(cap_plan_t *plan, uint32_t tensor, uint32_t evict_after,
                       uint32_t prefetch_tensor, uint32_t prefetch_access,

@@ -59,6 +59,33 @@ int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
                 const cap_bandwidth_t *bw, cap_sim_result_t *out);
 void cap_sim_result_close(cap_sim_result_t *r);
 
+/* One stay of a transient tensor on the device: from its allocation to its
+ * eviction or free, in the simulator's time (an H2D copy holds its memory
+ * from the copy's start, a D2H until the copy ends). A tensor still there
+ * at the end of the iteration stays until iter_ns. Persistent tensors have
+ * none unless the plan evicts one: then one from 0 to its eviction, and
+ * one for each return. */
+typedef struct cap_residency {
+  uint32_t tensor;
+  cap_residency_kind_t kind;
+  int64_t start_ns, end_ns; /* [start_ns, end_ns), start_ns < end_ns is not
+                               guaranteed: a list's temporary may be made
+                               and dropped at one instant */
+  uint64_t bytes;
+  uint32_t action;   /* the plan action that brought it back (swap-in,
+                        recompute, a list's temporary), CAP_NONE for a first
+                        touch or a persistent tensor's first stay */
+  uint32_t first_op; /* the op being prepared or run when it was allocated */
+  uint32_t last_op;  /* the last op started when it was given back */
+  bool copied_out;   /* given back when a D2H copy of it ended */
+} cap_residency_t;
+
+/* cap_sim_run that also returns every residency interval of the iteration
+ * in *res (n_res of them, in order of allocation; free() it). */
+int cap_sim_residency(const cap_profile_t *p, const cap_plan_t *plan,
+                      const cap_bandwidth_t *bw, cap_sim_result_t *out,
+                      cap_residency_t **res, uint32_t *n_res);
+
 /* Copy time of `bytes` at `gbps`, rounded up to whole nanoseconds. */
 int64_t cap_copy_ns(uint64_t bytes, double gbps);
 

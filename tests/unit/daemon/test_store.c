@@ -107,8 +107,9 @@ static void test_migrate_from_empty(void) {
                       " AND name IN ('jobs','sessions','profiles',"
                       "'profile_tensors','profile_ops',"
                       "'profile_frees','profile_meta','plans','plan_actions',"
-                      "'plan_recompute_ops','job_plans','iterations')"),
-           12);
+                      "'plan_recompute_ops','job_plans','iterations',"
+                      "'plan_blocks')"),
+           13);
   CHECK_EQ(scalar(db, "SELECT count(*) FROM sqlite_schema WHERE type='view'"
                       " AND name='profile_accesses'"),
            1);
@@ -398,6 +399,67 @@ static void check_plans_equal(const cap_plan_t *a, const cap_plan_t *b) {
     }
   }
   CHECK_EQ(bad, 0);
+  CHECK_EQ(a->arena_bytes, b->arena_bytes);
+  REQUIRE(a->n_blocks == b->n_blocks);
+  for (uint32_t i = 0; i < a->n_blocks; i++) {
+    const cap_block_t *x = &a->blocks[i], *y = &b->blocks[i];
+    bad += x->tensor != y->tensor || x->kind != y->kind ||
+           x->action != y->action || x->offset != y->offset ||
+           x->bytes != y->bytes || x->start_ns != y->start_ns ||
+           x->end_ns != y->end_ns || x->share != y->share ||
+           x->same_as != y->same_as;
+  }
+  CHECK_EQ(bad, 0);
+}
+
+/* A database of schema 2 (before placement) with a plan in it: opening it
+ * migrates to the current schema, the old plan loads without blocks, and a
+ * plan with blocks can be stored and loaded after. */
+static void test_migrate_from_schema_2(void) {
+  const char *path = tmp_path("schema2.db");
+  cap_store_t *s = NULL;
+  REQUIRE(cap_store_open(path, CAP_STORE_CREATE, &s) == 0);
+  cap_profile_t *p = load_trace("resnet50");
+  REQUIRE(p);
+  cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  cap_store_job_t job = {.name = "old", .pid = 1, .device = 0};
+  int64_t job_id = 0, prof_id = 0, old_plan = 0, new_plan = 0;
+  REQUIRE(cap_store_job_begin(s, &job, &job_id) == 0);
+  REQUIRE(cap_store_profile_put(s, job_id, p, cap_profile_signature(p), true,
+                                &bw, &prof_id) == 0);
+  cap_plan_t *v1 = make_plan(p, cap_profile_budget_pct(p, 50), 1);
+  REQUIRE(v1);
+  REQUIRE(cap_store_plan_put(s, prof_id, job_id, v1, &bw, &old_plan) == 0);
+  cap_store_close(s);
+  /* Back to what schema 2 was. */
+  sqlite3 *db = NULL;
+  REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(db,
+                       "DROP TABLE plan_blocks;"
+                       "ALTER TABLE plans DROP COLUMN arena_bytes;"
+                       "PRAGMA user_version = 2;",
+                       NULL, NULL, NULL) == SQLITE_OK);
+  sqlite3_close(db);
+
+  REQUIRE(cap_store_open(path, 0, &s) == 0);
+  CHECK_EQ(scalar(cap_store_db(s), "PRAGMA user_version"),
+           CAP_STORE_SCHEMA_VERSION);
+  cap_plan_t *back = NULL;
+  REQUIRE(cap_store_plan_load(s, old_plan, &back, NULL, NULL) == 0);
+  check_plans_equal(v1, back);
+  CHECK_EQ(back->n_blocks, 0);
+  cap_plan_destroy(back);
+  const cap_block_t b = {5, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 0, 4096,
+                         0, 10, CAP_NONE, CAP_NONE};
+  REQUIRE(cap_plan_set_blocks(v1, &b, 1, 4096) == 0);
+  REQUIRE(cap_store_plan_put(s, prof_id, job_id, v1, &bw, &new_plan) == 0);
+  back = NULL;
+  REQUIRE(cap_store_plan_load(s, new_plan, &back, NULL, NULL) == 0);
+  check_plans_equal(v1, back);
+  cap_plan_destroy(back);
+  cap_plan_destroy(v1);
+  cap_profile_destroy(p);
+  cap_store_close(s);
 }
 
 static void test_plan_round_trip_and_find(void) {
@@ -417,6 +479,17 @@ static void test_plan_round_trip_and_find(void) {
   REQUIRE(v1->n_actions > 10);
   v2->actions[0].prefetch_tensor = 0; /* v2: an earlier trigger */
   v2->actions[0].prefetch_access = 1;
+  /* v2 has a placement (blocks of every kind, shared and tied ones). */
+  const cap_block_t blocks[] = {
+      {7, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 0, 4096, 0, 100, CAP_NONE, CAP_NONE},
+      {8, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 0, 2048, 90, 200, 0, CAP_NONE},
+      {7, CAP_RESIDENCY_SWAPPED_IN, 0, 4096, 4096, 150, 300, CAP_NONE, CAP_NONE},
+      {9, CAP_RESIDENCY_RECOMPUTED, 2, 0, 1024, 250, 400, CAP_NONE, CAP_NONE},
+      {3, CAP_RESIDENCY_TEMPORARY, 2, 1024, 512, 240, 250, CAP_NONE, CAP_NONE},
+      {1, CAP_RESIDENCY_PERSISTENT, CAP_NONE, 8192, 256, 0, 50, CAP_NONE, 6},
+      {1, CAP_RESIDENCY_SWAPPED_IN, 1, 8192, 256, 350, 500, CAP_NONE, 5},
+  };
+  REQUIRE(cap_plan_set_blocks(v2, blocks, 7, 8192 + 256) == 0);
   REQUIRE(cap_store_plan_put(s, prof_id, job_id, v1, &bw, &plan1) == 0);
   REQUIRE(cap_store_plan_put(s, prof_id, job_id, v2, &bw, &plan2) == 0);
   /* A plan for another budget must not be found for this one. */
@@ -756,6 +829,7 @@ int main(void) {
     return 1;
   }
   RUN_TEST(test_migrate_from_empty);
+  RUN_TEST(test_migrate_from_schema_2);
   RUN_TEST(test_refuse_not_a_database);
   RUN_TEST(test_refuse_newer_version);
   RUN_TEST(test_refuse_foreign_sqlite);

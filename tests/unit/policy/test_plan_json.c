@@ -6,6 +6,7 @@
 #include "cap_test.h"
 
 #include "capuchin/error.h"
+#include "capuchin/placement.h"
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
@@ -27,6 +28,16 @@ static bool same_plan(const cap_plan_t *a, const cap_plan_t *b) {
     if (x->n_recompute &&
         memcmp(cap_action_recompute_ops(a, x), cap_action_recompute_ops(b, y),
                x->n_recompute * sizeof(uint32_t)))
+      return false;
+  }
+  if (a->n_blocks != b->n_blocks || a->arena_bytes != b->arena_bytes)
+    return false;
+  for (uint32_t i = 0; i < a->n_blocks; i++) {
+    const cap_block_t *x = &a->blocks[i], *y = &b->blocks[i];
+    if (x->tensor != y->tensor || x->kind != y->kind || x->action != y->action ||
+        x->offset != y->offset || x->bytes != y->bytes ||
+        x->start_ns != y->start_ns || x->end_ns != y->end_ns ||
+        x->share != y->share || x->same_as != y->same_as)
       return false;
   }
   return true;
@@ -78,6 +89,38 @@ static void test_round_trip_all_planners(void) {
     cap_plan_destroy(back);
     cap_plan_destroy(plan);
   }
+  cap_profile_destroy(p);
+}
+
+/* A plan with a placement keeps every block (with persistent eviction, so
+ * that tied blocks and every kind but a temporary appear). */
+static void test_round_trip_placement(void) {
+  char err[512];
+  cap_profile_t *p = NULL;
+  REQUIRE(cap_trace_load(cap_test_data("traces/bert_large.trace"), &p, err,
+                         sizeof err) == 0);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, cap_profile_budget_pct(p, 50));
+  cfg.evict_persistent = true;
+  cap_plan_t *plan = NULL, *back = NULL;
+  cap_plan_placement_t pp;
+  REQUIRE(cap_plan_compute_placed(p, "capuchin", &cfg, &plan, &pp) == 0);
+  REQUIRE(plan->n_blocks > 0);
+  bool kinds[5] = {0}, tied = false, shared = false;
+  for (uint32_t i = 0; i < plan->n_blocks; i++) {
+    kinds[plan->blocks[i].kind] = true;
+    tied |= plan->blocks[i].same_as != CAP_NONE;
+    shared |= plan->blocks[i].share != CAP_NONE;
+  }
+  CHECK(kinds[CAP_RESIDENCY_FIRST_TOUCH] && kinds[CAP_RESIDENCY_SWAPPED_IN] &&
+        kinds[CAP_RESIDENCY_PERSISTENT]);
+  CHECK(tied && shared);
+  REQUIRE(json_round_trip(plan, "bert_large.trace", &back, err, sizeof err) == 0);
+  CHECK(same_plan(plan, back));
+  CHECK(cap_plan_validate(back, p, err, sizeof err) == 0);
+  cap_plan_destroy(back);
+  cap_plan_destroy(plan);
+  cap_plan_placement_close(&pp);
   cap_profile_destroy(p);
 }
 
@@ -160,6 +203,17 @@ static void test_malformed(void) {
        "true or false"},
       {"{\"actions\":[{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\"}",
        "expected"},
+      {"{\"placement\":{\"blocks\":[]}}", "placement needs"},
+      {"{\"placement\":{\"arena_bytes\":1,\"blocks\":[],\"x\":1}}",
+       "unknown key \"x\" in placement"},
+      {"{\"placement\":{\"arena_bytes\":1,\"blocks\":[{\"tensor\":1}]}}",
+       "a block needs"},
+      {"{\"placement\":{\"arena_bytes\":1,\"blocks\":[{\"kind\":\"lost\"}]}}",
+       "unknown block kind"},
+      {"{\"placement\":{\"arena_bytes\":1,\"blocks\":[{\"tensor\":1,"
+       "\"kind\":\"first_touch\",\"action\":null,\"offset\":0,\"bytes\":1,"
+       "\"start_ns\":5,\"end_ns\":5,\"share\":null,\"same_as\":null}]}}",
+       "end after it starts"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char err[256] = "";
@@ -189,6 +243,7 @@ static void test_malformed(void) {
 
 int main(void) {
   RUN_TEST(test_round_trip_all_planners);
+  RUN_TEST(test_round_trip_placement);
   RUN_TEST(test_minimal_and_escapes);
   RUN_TEST(test_malformed);
   return TEST_SUMMARY();

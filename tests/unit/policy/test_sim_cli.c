@@ -149,6 +149,82 @@ static void test_emit_and_check_plan(void) {
   CHECK_EQ(r.status, 1);
 }
 
+/* --placement: the emitted plan carries its blocks; --check-plan finds a
+ * block moved onto another and a block that is missing. */
+static void test_placement_emit_and_check(void) {
+  char plan_path[] = "/tmp/cap_simcli_plan_XXXXXX";
+  int fd = mkstemp(plan_path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  char args[8192], err[512];
+  run_t r;
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --placement --emit-plan '%s'",
+           trace("resnet50"), plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK(strstr(r.out, "placement:") != NULL);
+  snprintf(args, sizeof args, "--trace '%s' --check-plan '%s'", trace("resnet50"),
+           plan_path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK(strstr(r.out, "MiB arena") != NULL);
+
+  /* Load it, and move one block onto another it meets in time. */
+  FILE *f = fopen(plan_path, "r");
+  REQUIRE(f);
+  static char buf[1 << 22];
+  size_t len = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  cap_plan_t *plan = NULL;
+  REQUIRE(cap_plan_read_json(buf, len, &plan, err, sizeof err) == 0);
+  REQUIRE(plan->n_blocks > 1);
+  uint32_t a = CAP_NONE, b = CAP_NONE;
+  for (uint32_t i = 0; i < plan->n_blocks && a == CAP_NONE; i++)
+    for (uint32_t j = i + 1; j < plan->n_blocks; j++) {
+      const cap_block_t *x = &plan->blocks[i], *y = &plan->blocks[j];
+      if (x->start_ns < y->end_ns && y->start_ns < x->end_ns &&
+          x->offset != y->offset && x->share != j && y->share != i &&
+          x->same_as == CAP_NONE && y->same_as == CAP_NONE &&
+          x->offset + y->bytes <= plan->arena_bytes) {
+        a = i;
+        b = j;
+        break;
+      }
+    }
+  REQUIRE(a != CAP_NONE);
+  uint64_t saved = plan->blocks[b].offset;
+  plan->blocks[b].offset = plan->blocks[a].offset;
+  f = fopen(plan_path, "w");
+  REQUIRE(f);
+  CHECK(cap_plan_write_json(f, plan, "resnet50.trace") == 0);
+  fclose(f);
+  run(args, &r);
+  CHECK_EQ(r.status, 1);
+  CHECK(strstr(r.err, "collide from") != NULL);
+  char want[64];
+  snprintf(want, sizeof want, "tensor %u", plan->blocks[b].tensor);
+  CHECK(strstr(r.err, want) != NULL);
+
+  /* Put it back and drop the last block: that stay has no address. */
+  plan->blocks[b].offset = saved;
+  plan->n_blocks--;
+  for (uint32_t i = 0; i < plan->n_blocks; i++) {
+    if (plan->blocks[i].share == plan->n_blocks)
+      plan->blocks[i].share = CAP_NONE;
+    if (plan->blocks[i].same_as == plan->n_blocks)
+      plan->blocks[i].same_as = CAP_NONE;
+  }
+  f = fopen(plan_path, "w");
+  REQUIRE(f);
+  CHECK(cap_plan_write_json(f, plan, "resnet50.trace") == 0);
+  fclose(f);
+  run(args, &r);
+  CHECK_EQ(r.status, 1);
+  CHECK(strstr(r.err, "has no block") != NULL);
+  cap_plan_destroy(plan);
+  unlink(plan_path);
+}
+
 static void test_impossible_budget_exits_2(void) {
   char args[8192];
   run_t r;
@@ -223,6 +299,7 @@ int main(void) {
   }
   RUN_TEST(test_all_policies_json);
   RUN_TEST(test_emit_and_check_plan);
+  RUN_TEST(test_placement_emit_and_check);
   RUN_TEST(test_impossible_budget_exits_2);
   RUN_TEST(test_bad_arguments_exit_64);
   RUN_TEST(test_options_change_the_answer);

@@ -49,6 +49,20 @@ static cap_plan_t *sample_plan(void) {
     cap_plan_destroy(p);
     return NULL;
   }
+  /* A placement: tensor 5 first touched, swapped in by action 0 where 6's
+   * first stay was; 6 handed its block to 9; weight 0 crosses the boundary. */
+  const cap_block_t blocks[] = {
+      {5, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 0, 4096, 0, 100, CAP_NONE, CAP_NONE},
+      {6, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 4096, 512, 10, 50, CAP_NONE, CAP_NONE},
+      {9, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, 4096, 256, 40, 90, 1, CAP_NONE},
+      {5, CAP_RESIDENCY_SWAPPED_IN, 0, 0, 4096, 300, 400, CAP_NONE, CAP_NONE},
+      {0, CAP_RESIDENCY_PERSISTENT, CAP_NONE, 8192, 64, 0, 20, CAP_NONE, 5},
+      {0, CAP_RESIDENCY_SWAPPED_IN, 5, 8192, 64, 350, 500, CAP_NONE, 4},
+  };
+  if (cap_plan_set_blocks(p, blocks, 6, 8192 + 64)) {
+    cap_plan_destroy(p);
+    return NULL;
+  }
   return p;
 }
 
@@ -71,6 +85,51 @@ static void check_plans_equal(const cap_plan_t *a, const cap_plan_t *b) {
     for (uint32_t j = 0; j < x->n_recompute; j++)
       CHECK_EQ(cap_action_recompute_ops(a, x)[j], cap_action_recompute_ops(b, y)[j]);
   }
+  CHECK_EQ(a->arena_bytes, b->arena_bytes);
+  REQUIRE(a->n_blocks == b->n_blocks);
+  for (uint32_t i = 0; i < a->n_blocks; i++) {
+    const cap_block_t *x = &a->blocks[i], *y = &b->blocks[i];
+    CHECK(x->tensor == y->tensor && x->kind == y->kind && x->action == y->action &&
+          x->offset == y->offset && x->bytes == y->bytes &&
+          x->start_ns == y->start_ns && x->end_ns == y->end_ns &&
+          x->share == y->share && x->same_as == y->same_as);
+  }
+}
+
+/* A received plan's blocks are checked like its actions. */
+static void test_plan_blocks_checked(void) {
+  cap_plan_t *p = sample_plan();
+  REQUIRE(p);
+  static const struct {
+    int field;
+    const char *want;
+  } bad[] = {
+      {0, "action 9 of 6"},  {1, "outside the arena"}, {2, "not after its start"},
+      {3, "names block 17"}, {4, "kind 7"},           {5, "without arena_bytes"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+    Capuchin__Plan *m = NULL;
+    REQUIRE(cap_proto_plan_to_msg(p, &m) == 0);
+    Capuchin__PlanBlock *b = m->blocks[3];
+    switch (bad[k].field) {
+    case 0: b->action = 9; break;
+    case 1: b->offset = m->arena_bytes; break;
+    case 2: b->end_ns = b->start_ns; break;
+    case 3: b->has_share = 1; b->share = 17; break;
+    case 4: b->kind = (Capuchin__BlockKind)7; break;
+    case 5: m->has_arena_bytes = 0; break;
+    }
+    cap_plan_t *q = NULL;
+    char err[256] = "";
+    CHECK(cap_proto_plan_from_msg(m, NULL, &q, err, sizeof err) < 0);
+    CHECK(q == NULL);
+    if (!strstr(err, bad[k].want)) {
+      fprintf(stderr, "case %zu: \"%s\" (want \"%s\")\n", k, err, bad[k].want);
+      CHECK(0);
+    }
+    cap_proto_msg_free(m);
+  }
+  cap_plan_destroy(p);
 }
 
 static void test_plan_round_trip(void) {
@@ -457,6 +516,7 @@ static void test_batch_throughput(void) {
 
 int main(void) {
   RUN_TEST(test_plan_round_trip);
+  RUN_TEST(test_plan_blocks_checked);
   RUN_TEST(test_plan_to_msg_rejects);
   RUN_TEST(test_plan_from_msg_rejects);
   RUN_TEST(test_feedback_round_trip);
