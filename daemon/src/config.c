@@ -63,7 +63,8 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   /* Measured on the sim backend at 50 % (resnet50, bert_large): 4 % left
    * the allocator too little room against fragmentation, 8 % costs more in
    * the plan than it saves; 6 % was fastest for both. */
-  cfg->alloc_headroom_pct = 6.0;
+  cfg->placement = true;
+  cfg->alloc_headroom_pct = 0.0;
 }
 
 int cap_daemon_parse_bytes(const char *s, uint64_t *out) {
@@ -324,6 +325,17 @@ int cap_daemon_config_set(cap_daemon_config_t *cfg, const char *key,
       return CAP_ERANGE;
     }
     cfg->alloc_headroom_pct = x;
+    return 0;
+  }
+  if (strcmp(key, "placement") == 0) {
+    if (strcmp(value, "yes") == 0 || strcmp(value, "on") == 0)
+      cfg->placement = true;
+    else if (strcmp(value, "no") == 0 || strcmp(value, "off") == 0)
+      cfg->placement = false;
+    else {
+      snprintf(err, err_len, "placement: '%s' is not yes or no", value);
+      return CAP_EINVAL;
+    }
     return 0;
   }
   if (strcmp(key, "evict-persistent") == 0) {

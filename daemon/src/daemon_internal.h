@@ -353,6 +353,7 @@ struct cap__task {
   char planner[32];
   cap_evict_persistent_t evict_persistent;
   bool evicts_persistent; /* the plan computed does */
+  bool placement;         /* plans carry a placement that fits the budget */
   double headroom_pct;    /* plan this far under the budget when it fits */
   double bw_tolerance;
   /* inputs */

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capuchin/placement.h"
 #include "daemon_internal.h"
 
 uint64_t cap__now_ns(void) {
@@ -40,6 +41,7 @@ cap__task_t *cap__task_new(cap_daemon_t *d, cap__work_kind_t kind) {
   t->store = d->store;
   snprintf(t->planner, sizeof t->planner, "%s", d->cfg.planner);
   t->evict_persistent = d->cfg.evict_persistent;
+  t->placement = d->cfg.placement;
   t->headroom_pct = d->cfg.alloc_headroom_pct;
   t->bw_tolerance = d->cfg.bw_tolerance;
   return t;
@@ -63,6 +65,18 @@ static void store_err(cap__task_t *t, int rc, const char *what) {
 /* Plan for `budget`; when activations alone do not fit and the operator
  * lets it (evict-persistent = auto), plan again swapping weights and
  * optimizer state too, and keep whichever gets lower. */
+/* One plan: with its placement (the arena planned into the budget,
+ * cap_plan_compute_placed) when the daemon places plans. */
+static int compute(const cap__task_t *t, const cap_profile_t *p,
+                   const cap_plan_config_t *cfg, cap_plan_t **out) {
+  if (!t->placement)
+    return cap_plan_compute(p, t->planner, cfg, out);
+  cap_plan_placement_t pp;
+  int rc = cap_plan_compute_placed(p, t->planner, cfg, out, &pp);
+  cap_plan_placement_close(&pp);
+  return rc;
+}
+
 static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
                               uint64_t budget, cap_plan_t **out,
                               bool *evicts_persistent) {
@@ -71,13 +85,13 @@ static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
   cfg.bw = t->bw;
   cfg.evict_persistent = t->evict_persistent == CAP_EVICT_PERSISTENT_YES;
   cap_plan_t *plan = NULL;
-  int rc = cap_plan_compute(p, t->planner, &cfg, &plan);
+  int rc = compute(t, p, &cfg, &plan);
   *evicts_persistent = cfg.evict_persistent;
   if (rc == CAP_EINFEASIBLE && !cfg.evict_persistent &&
       t->evict_persistent == CAP_EVICT_PERSISTENT_AUTO) {
     cap_plan_t *again = NULL;
     cfg.evict_persistent = true;
-    int rc2 = cap_plan_compute(p, t->planner, &cfg, &again);
+    int rc2 = compute(t, p, &cfg, &again);
     if (rc2 == 0 || (rc2 == CAP_EINFEASIBLE && again && plan &&
                      again->predicted_peak_bytes < plan->predicted_peak_bytes)) {
       cap_plan_destroy(plan);
@@ -91,6 +105,27 @@ static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
     }
   }
   *out = plan;
+  return rc;
+}
+
+/* A plan whose actions changed gets its placement anew. A refinement whose
+ * placement no longer fits the budget is undone (*before holds the plan as
+ * it was; NULL for a fallback, which stays whatever its placement). */
+static int replace_placement(cap__task_t *t, uint64_t budget,
+                             cap_plan_t **before) {
+  cap_plan_placement_t pp;
+  int rc = cap_plan_place(t->profile, t->plan_in, &t->bw, CAP_PLACE_BEST, &pp);
+  if (rc == 0 && *before &&
+      pp.persistent_bytes + pp.placement.arena_bytes > budget) {
+    cap_plan_placement_close(&pp);
+    cap_plan_destroy(t->plan_in);
+    t->plan_in = *before; /* unchanged: nothing is pushed */
+    *before = NULL;
+    return 0;
+  }
+  if (rc == 0)
+    rc = cap_plan_attach_placement(t->plan_in, &pp);
+  cap_plan_placement_close(&pp);
   return rc;
 }
 
@@ -335,6 +370,12 @@ static void work_cb(uv_work_t *req) {
     cfg.bw = t->bw;
     uint32_t version_in = t->plan_in->version;
     uint64_t t0 = cap__now_ns();
+    /* A refinement must keep the placement within the budget, or it is
+     * not made; a fallback is made anyway (the client could not do what
+     * it was asked). */
+    cap_plan_t *before = t->placement && !t->restore && !t->failed
+                             ? cap_plan_clone(t->plan_in)
+                             : NULL;
     if (t->restore)
       rc = 0;
     else if (t->failed)
@@ -342,6 +383,10 @@ static void work_cb(uv_work_t *req) {
                               &cfg);
     else
       rc = cap_plan_refine(t->plan_in, t->profile, t->fb, t->n_fb, &cfg);
+    if (rc == 0 && t->placement && !t->restore &&
+        t->plan_in->version != version_in)
+      rc = replace_placement(t, budget, &before);
+    cap_plan_destroy(before);
     t->plan_us = (cap__now_ns() - t0) / 1000;
     if (rc && rc != CAP_EINVAL) {
       t->planner_failed = rc;

@@ -27,7 +27,7 @@ static void usage(FILE *f) {
           "                 [--max-tensors N] [--planner NAME] "
           "[--bandwidth-tolerance X]\n"
           "                 [--evict-persistent auto|yes|no] "
-          "[--alloc-headroom PCT]\n"
+          "[--placement yes|no] [--alloc-headroom PCT]\n"
           "                 [--max-op-names N] [--max-op-name-bytes BYTES]\n"
           "                 [--handshake-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "                 [--budget-ack-timeout-ms MS]\n"
@@ -48,7 +48,7 @@ static const char *const keys[] = {
     "log-level", "max-sessions", "log-file", "max-frame-bytes",
     "max-accesses-per-iteration", "max-ops-per-iteration", "max-tensors",
     "planner", "bandwidth-tolerance", "stall-probe-ms", "evict-persistent",
-    "alloc-headroom", "max-op-names", "max-op-name-bytes",
+    "placement", "alloc-headroom", "max-op-names", "max-op-name-bytes",
     "handshake-timeout-ms", "idle-timeout-ms", "budget-ack-timeout-ms",
     "max-queued-store-rows",
     "db-mode", NULL};

@@ -63,8 +63,12 @@ typedef struct cap_daemon_config {
   /* May plans evict params and optimizer state? CAP_EVICT_PERSISTENT_AUTO:
    * only when no plan without it fits the budget. */
   cap_evict_persistent_t evict_persistent;
+  /* Plans give every block an address (docs/placement.md): the budget a
+   * plan meets is its placement's, persistent bytes plus the arena (true). */
+  bool placement;
   /* Plans aim this many percent under the budget where they can, so that
-   * the client's allocator has free space to absorb fragmentation (4). */
+   * the client's allocator has free space to absorb fragmentation (0: with
+   * placement there is none to absorb; 6 is what worked without). */
   double alloc_headroom_pct;
   uint32_t stall_probe_ms;    /* >0: measure loop stalls with a timer */
 } cap_daemon_config_t;
