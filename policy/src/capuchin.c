@@ -478,12 +478,25 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
 /* One run of the algorithm with one set of choices; the planner runs a
  * few (see below) and keeps the best simulated plan. */
 typedef struct variant {
-  bool swaps_first;  /* phase 1 before ranking (Capuchin's order) */
-  bool push_back;    /* a D2H copy may push later-issued ones back */
-  double aim;        /* first target as a fraction of the budget */
-  bool weigh_cover;  /* rank by MSPS x share of the over-budget region */
-  bool loose_push;   /* pushed-back swap-outs may fill up to the peak */
-  bool no_fetch;     /* replays may not fetch swapped-out sources */
+  /* Run phase 1 (hidden swaps in order of free time) before the MSPS
+   * ranking, as Capuchin does; false ranks swaps and recomputes together. */
+  bool swaps_first;
+  /* A swap-out may push swap-outs issued after it back on the D2H engine
+   * (it is queued ahead of them) when that keeps them useful. */
+  bool push_back;
+  /* The first round's target as a fraction of the budget above the
+   * persistent bytes: < 1 aims under the budget, leaving room for what the
+   * estimate misses. */
+  double aim;
+  /* Rank by MSPS times the share of the over-budget region the freed range
+   * covers, rather than by MSPS alone. */
+  bool weigh_cover;
+  /* Swap-outs that were pushed back may hold memory up to the current peak,
+   * not only up to the target. */
+  bool loose_push;
+  /* Recompute lists may not fetch sources the plan swapped out (on
+   * demand, before the list runs). No variant sets it today. */
+  bool no_fetch;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -621,16 +634,33 @@ out_close:
  * copy-engine-bound CNN at 30 % wants recompute early, a transformer at 80 %
  * wants hidden swaps only). Each run costs a few simulations, so the
  * planner runs a small fixed portfolio and keeps the plan the simulator
- * rates best: feasible first, then the shortest iteration. */
+ * rates best: feasible first, then the shortest iteration. A field left
+ * out of an entry is false. */
 static const variant_t variants[] = {
-    {true, true, 1.0, false, true, false},   /* Capuchin: hidden swaps by FT, then MSPS */
-    {true, true, 1.0, true, true, false},    /* ... MSPS weighted by coverage */
-    {true, false, 1.0, true, true, false},   /* no pushing back of queued swap-outs */
-    {false, true, 1.0, true, true, false},   /* one ranking for swaps and recomputes */
-    {true, true, 0.97, true, true, false},   /* aim a little under the budget */
-    {false, false, 0.97, false, true, false},
-    {true, true, 1.0, true, false, false},   /* push back only within the target */
-    {false, true, 1.0, false, false, false},
+    /* Capuchin: hidden swaps by FT, then MSPS */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = true},
+    /* ... MSPS weighted by coverage */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* no pushing back of queued swap-outs */
+    {.swaps_first = true, .push_back = false, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* one ranking for swaps and recomputes */
+    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* aim a little under the budget */
+    {.swaps_first = true, .push_back = true, .aim = 0.97, .weigh_cover = true,
+     .loose_push = true},
+    /* one ranking, under the budget, no push back, plain MSPS */
+    {.swaps_first = false, .push_back = false, .aim = 0.97, .weigh_cover = false,
+     .loose_push = true},
+    /* push back only within the target */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = false},
+    /* one ranking, plain MSPS, push back within the target */
+    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = false},
 };
 
 /* No plan can go below this: every op needs its own inputs and outputs on
