@@ -733,10 +733,10 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       cap_plan_t **out) {
-  if (!p || !cfg || !out || !p->finished)
-    return CAP_EINVAL;
+/* The portfolio at one configuration: *out is the best plan found, fitting
+ * or not (0, or an error with *out NULL). */
+static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                          cap_plan_t **out) {
   *out = NULL;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
@@ -777,6 +777,61 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
   }
   if (!rc && best->predicted_peak_bytes > cfg->budget_bytes)
     rc = rescue_late_swap_outs(p, cfg, best);
+
+  if (rc) {
+    cap_plan_destroy(best);
+    return rc;
+  }
+  *out = best;
+  return 0;
+}
+
+/* Keep the better of *best and alt (feasible first, then the shorter
+ * iteration); the other is destroyed. */
+static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
+  if (better(alt, *best, budget)) {
+    cap_plan_destroy(*best);
+    *best = alt;
+  } else {
+    cap_plan_destroy(alt);
+  }
+}
+
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out) {
+  if (!p || !cfg || !out || !p->finished)
+    return CAP_EINVAL;
+  *out = NULL;
+  cap_plan_t *best = NULL, *alt = NULL;
+  int rc = plan_portfolio(p, cfg, &best);
+  /* Allowing persistent tensors to leave can never force a worse plan, but
+   * the greedy, offered them, may take a worse path: plan without them too
+   * and keep the better. */
+  cap_plan_config_t pinned = *cfg;
+  pinned.evict_persistent = false;
+  if (!rc && cfg->evict_persistent &&
+      peak_floor(p, &pinned) <= cfg->budget_bytes) {
+    rc = plan_portfolio(p, &pinned, &alt);
+    if (!rc)
+      keep_better(&best, alt, cfg->budget_bytes);
+  }
+  /* Near the floor the greedy's estimate runs out of choices before the
+   * plan fits. Any budget above the floor has a plan that swaps, with the
+   * compute stream waiting, whatever is not needed now: take the one that
+   * evicts the tensor needed again last (Belady's rule). */
+  if (!rc && best->predicted_peak_bytes > cfg->budget_bytes &&
+      peak_floor(p, cfg) <= cfg->budget_bytes) {
+    alt = NULL;
+    rc = cap__plan_belady(p, cfg, &alt);
+    if (!rc)
+      rc = cap__plan_make_explicit(alt, p, NULL);
+    if (!rc)
+      rc = cap__plan_predict(alt, p, &cfg->bw);
+    if (!rc)
+      keep_better(&best, alt, cfg->budget_bytes);
+    else
+      cap_plan_destroy(alt);
+  }
   if (rc) {
     cap_plan_destroy(best);
     return rc;
