@@ -36,6 +36,7 @@
 
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
+#define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -797,31 +798,22 @@ static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
   }
 }
 
-int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       cap_plan_t **out) {
-  if (!p || !cfg || !out || !p->finished)
-    return CAP_EINVAL;
-  *out = NULL;
+/* The whole planner at one configuration: the portfolio, Belady's plan
+ * where the portfolio finds none above the floor, then the local search.
+ * *out is the best plan, fitting or not (0, or an error with *out NULL). */
+static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                   cap_plan_t **out) {
   cap_plan_t *best = NULL, *alt = NULL;
+  *out = NULL;
   int rc = plan_portfolio(p, cfg, &best);
-  /* Allowing persistent tensors to leave can never force a worse plan, but
-   * the greedy, offered them, may take a worse path: plan without them too
-   * and keep the better. */
-  cap_plan_config_t pinned = *cfg;
-  pinned.evict_persistent = false;
-  if (!rc && cfg->evict_persistent &&
-      peak_floor(p, &pinned) <= cfg->budget_bytes) {
-    rc = plan_portfolio(p, &pinned, &alt);
-    if (!rc)
-      keep_better(&best, alt, cfg->budget_bytes);
-  }
+  if (rc)
+    return rc;
   /* Near the floor the greedy's estimate runs out of choices before the
    * plan fits. Any budget above the floor has a plan that swaps, with the
    * compute stream waiting, whatever is not needed now: take the one that
    * evicts the tensor needed again last (Belady's rule). */
-  if (!rc && best->predicted_peak_bytes > cfg->budget_bytes &&
+  if (best->predicted_peak_bytes > cfg->budget_bytes &&
       peak_floor(p, cfg) <= cfg->budget_bytes) {
-    alt = NULL;
     rc = cap__plan_belady(p, cfg, &alt);
     if (!rc)
       rc = cap__plan_make_explicit(alt, p, NULL);
@@ -831,6 +823,38 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
       keep_better(&best, alt, cfg->budget_bytes);
     else
       cap_plan_destroy(alt);
+  }
+  /* each try simulates the whole plan: fewer on long profiles */
+  uint32_t tries = IMPROVE_TRIES;
+  if (p->n_ops > PORTFOLIO_FULL_OPS)
+    tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  if (!rc)
+    rc = cap__plan_improve(best, p, cfg, tries);
+  if (rc) {
+    cap_plan_destroy(best);
+    return rc;
+  }
+  *out = best;
+  return 0;
+}
+
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out) {
+  if (!p || !cfg || !out || !p->finished)
+    return CAP_EINVAL;
+  *out = NULL;
+  cap_plan_t *best = NULL, *alt = NULL;
+  int rc = plan_at(p, cfg, &best);
+  /* Allowing persistent tensors to leave can never force a worse plan, but
+   * the greedy, offered them, may take a worse path: plan exactly as
+   * without them too and keep the better. */
+  cap_plan_config_t pinned = *cfg;
+  pinned.evict_persistent = false;
+  if (!rc && cfg->evict_persistent &&
+      peak_floor(p, &pinned) <= cfg->budget_bytes) {
+    rc = plan_at(p, &pinned, &alt);
+    if (!rc)
+      keep_better(&best, alt, cfg->budget_bytes);
   }
   if (rc) {
     cap_plan_destroy(best);
