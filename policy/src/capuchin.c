@@ -664,30 +664,6 @@ static const variant_t variants[] = {
      .loose_push = false},
 };
 
-/* No plan can go below this: every op needs its own inputs and outputs on
- * the device, on top of what never leaves it. */
-static uint64_t peak_floor(const cap_profile_t *p, const cap_plan_config_t *cfg) {
-  uint64_t best = 0;
-  for (uint32_t o = 0; o < p->n_ops; o++) {
-    const cap_op_t *op = &p->ops[o];
-    uint64_t sum = cfg->evict_persistent ? 0 : p->persistent_bytes;
-    const uint32_t *ts = p->op_tensors;
-    uint32_t n = op->n_in + op->n_out;
-    for (uint32_t i = 0; i < n; i++) {
-      uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
-      if (!cfg->evict_persistent && cap_tensor_is_resident(&p->tensors[x]))
-        continue;
-      bool dup = false;
-      for (uint32_t j = 0; j < i && !dup; j++)
-        dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
-      if (!dup)
-        sum += p->tensors[x].bytes;
-    }
-    if (sum > best)
-      best = sum;
-  }
-  return best;
-}
 
 /* The greedy books a swap's memory as freed once its copy out ends; when
  * that is after the ops that need the room (the op after the
@@ -749,7 +725,7 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
     size_t k = (size_t)((uint64_t)n_variants * PORTFOLIO_FULL_OPS / p->n_ops);
     n_variants = k < 2 ? 2 : k;
   }
-  if (peak_floor(p, cfg) > cfg->budget_bytes)
+  if (cap_plan_min_budget(p, cfg) > cfg->budget_bytes)
     n_variants = 1;
   cap_plan_t *best = NULL;
   /* the unmanaged iteration: no plan runs faster */
@@ -813,7 +789,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
    * compute stream waiting, whatever is not needed now: take the one that
    * evicts the tensor needed again last (Belady's rule). */
   if (best->predicted_peak_bytes > cfg->budget_bytes &&
-      peak_floor(p, cfg) <= cfg->budget_bytes) {
+      cap_plan_min_budget(p, cfg) <= cfg->budget_bytes) {
     rc = cap__plan_belady(p, cfg, &alt);
     if (!rc)
       rc = cap__plan_make_explicit(alt, p, NULL);
@@ -851,7 +827,7 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
   cap_plan_config_t pinned = *cfg;
   pinned.evict_persistent = false;
   if (!rc && cfg->evict_persistent &&
-      peak_floor(p, &pinned) <= cfg->budget_bytes) {
+      cap_plan_min_budget(p, &pinned) <= cfg->budget_bytes) {
     rc = plan_at(p, &pinned, &alt);
     if (!rc)
       keep_better(&best, alt, cfg->budget_bytes);
