@@ -224,9 +224,10 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                           uint32_t *ta);
 
 /* Local search on a plan that fits cfg->budget_bytes: tries its costliest
- * replays (at most max_tries) as just-in-time swaps and keeps each that the
- * simulator finds faster and still fitting; plan is replaced in place, its
- * predictions kept current. A plan that does not fit is left as it is.
+ * replays (at most max_tries) as just-in-time swaps, leaves out costly
+ * evictions, gives stalling swaps prefetches, and keeps each change that the
+ * simulator finds faster and no higher at its peak; plan is replaced in
+ * place, its predictions kept current. A plan that does not fit is left as it is.
  * Returns 0 or CAP_ENOMEM (improve.c). */
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries);

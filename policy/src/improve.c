@@ -4,13 +4,17 @@
  * time, and recomputes where it cannot see that a swap would still be
  * hidden. Once a plan fits, try its costliest replays as swaps (the
  * prefetch just in time on idle engines, cap__earlier_trigger), one at a
- * time, and keep each that the simulator says is faster and still fits.
+ * time, and keep each that the simulator says is faster and no higher at
+ * its peak. Not just within the budget: the room the greedy's plan left
+ * under it absorbs what the simulator does not see when the client runs
+ * the plan (a real allocator, copies that run late); plans that filled it
+ * made the client wait for memory in end-to-end replays.
  *
  * Then the swaps that stall the compute stream (on-demand prefetches,
  * synchronous swap-outs: Belady's plan near the floor is made of them):
  * give them just-in-time prefetches, then let their copies out run
  * alongside compute, a group at a time: a group the simulator accepts
- * (fits, faster) is kept whole, one it refuses is split in two and each
+ * (no higher, faster) is kept whole, one it refuses is split in two and each
  * half tried, as long as simulations are left.
  */
 #include <stdlib.h>
@@ -103,6 +107,7 @@ typedef struct {
   const cap_profile_t *p;
   const cap_plan_config_t *cfg;
   const cand_t *keys; /* the swaps to upgrade, by (tensor, k) */
+  uint64_t limit;     /* peak bytes a kept change may reach */
   int kind;           /* UP_* */
   uint32_t sims_left;
 } group_t;
@@ -145,7 +150,7 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
     bool valid = cap_plan_validate(next, g->p, NULL, 0) == 0;
     if (valid)
       rc = cap__plan_predict(next, g->p, &g->cfg->bw);
-    if (valid && !rc && next->predicted_peak_bytes <= g->cfg->budget_bytes &&
+    if (valid && !rc && next->predicted_peak_bytes <= g->limit &&
         next->predicted_iter_ns < g->plan->predicted_iter_ns) {
       cap_plan_t tmp = *g->plan;
       *g->plan = *next;
@@ -177,7 +182,8 @@ static int upgrade_swaps(cap_plan_t *plan, const cap_profile_t *p,
   }
   /* in plan order: neighbours in a group share the same stretch of the
    * iteration, so a refused group is refused for a local reason */
-  group_t g = {plan, p, cfg, keys, UP_PREFETCH, max_sims / 2};
+  group_t g = {plan, p, cfg, keys, plan->predicted_peak_bytes, UP_PREFETCH,
+               max_sims / 2};
   int rc = try_group(&g, 0, n);
   if (!rc) {
     g.kind = UP_ASYNC_OUT;
@@ -211,9 +217,11 @@ static int stalls(const cap_plan_t *plan, const cap_profile_t *p,
 
 /* One move over the costliest candidates: TO_SWAP for replays (cost: their
  * list's time), DROP for replays and late prefetches (cost: list time or
- * stall). Each change the simulator finds faster and fitting is kept. */
+ * stall). Each change the simulator finds faster and no higher at its peak
+ * is kept. */
 static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
+  uint64_t limit = plan->predicted_peak_bytes;
   int64_t *late = NULL;
   int rc = how == DROP ? stalls(plan, p, cfg, &late) : 0;
   if (rc)
@@ -245,7 +253,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     rc = try_change(plan, p, cfg, &cands[i], how, &next);
     if (rc || !next)
       continue;
-    if (next->predicted_peak_bytes <= cfg->budget_bytes &&
+    if (next->predicted_peak_bytes <= limit &&
         next->predicted_iter_ns < plan->predicted_iter_ns) {
       /* swap the contents: the caller's pointer stays valid */
       cap_plan_t tmp = *plan;
