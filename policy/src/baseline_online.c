@@ -25,7 +25,7 @@
 #include "planners.h"
 
 enum { O_UNBORN = 0, O_RES, O_GONE, O_FREED };
-enum { MODE_DTR, MODE_LRU };
+enum { MODE_DTR, MODE_LRU, MODE_BELADY };
 
 /* Longest replay list DTR will sign up for; beyond it the tensor stays. */
 #define MAX_LIST 32
@@ -105,6 +105,29 @@ static uint32_t acc_op(const cap_profile_t *p, uint32_t t, uint32_t k) {
   return p->access_ops[p->tensors[t].access_off + k - 1];
 }
 
+/* Belady, capuchin's last resort, may also swap the never-freed
+ * activations (optimizer state, running stats) that persistent eviction
+ * lets capuchin evict, and release activations after their last access
+ * (the framework frees them later); the baselines do neither, as before. */
+static bool may_evict(const online_t *on, uint32_t t) {
+  const cap_tensor_t *ct = &on->p->tensors[t];
+  if (on->mode == MODE_BELADY && ct->bytes > 0) {
+    if (ct->kind == CAP_KIND_ACTIVATION && ct->free_ns >= 0)
+      return true;
+    return on->cfg->evict_persistent && ct->n_accesses >= 2;
+  }
+  return cap__evictable(on->p, on->cfg, t);
+}
+
+/* Belady: an activation past its last access, still allocated: releasing
+ * it costs nothing. */
+static bool dead(const online_t *on, uint32_t t) {
+  const cap_tensor_t *ct = &on->p->tensors[t];
+  return on->mode == MODE_BELADY && on->st[t] == O_RES &&
+         on->lock[t] != on->lock_gen && ct->kind == CAP_KIND_ACTIVATION &&
+         ct->free_ns >= 0 && on->done[t] == ct->n_accesses;
+}
+
 static bool candidate(const online_t *on, uint32_t t) {
   return on->st[t] == O_RES && on->lock[t] != on->lock_gen && has_future(on, t) &&
          on->done[t] > on->last_k[t];
@@ -118,6 +141,11 @@ static void make_room(online_t *on, int64_t need) {
     double best_h = 0;
     for (uint32_t i = 0; i < on->n_cands; i++) {
       uint32_t t = on->cands[i];
+      if (dead(on, t)) { /* free: take it now */
+        best = t;
+        best_i = i;
+        break;
+      }
       if (!candidate(on, t))
         continue;
       int64_t stale = on->now - on->last_use[t] + 1;
@@ -127,8 +155,10 @@ static void make_room(online_t *on, int64_t need) {
       if (on->mode == MODE_DTR)
         h = (double)(on->cost[t] + 1) /
             ((double)p->tensors[t].bytes * (double)stale);
-      else
+      else if (on->mode == MODE_LRU)
         h = (double)on->last_use[t]; /* least recently used first */
+      else /* the one needed again last first */
+        h = -(double)p->ops[acc_op(p, t, on->done[t] + 1)].start_ns;
       if (best == CAP_NONE || h < best_h) {
         best = t;
         best_h = h;
@@ -293,7 +323,7 @@ static int run(online_t *on) {
       on->st[t] = O_RES;
       /* Persistent tensors are candidates only for passive swapping with
        * evict_persistent (they cannot be recomputed). */
-      if (on->mode == MODE_LRU && cap__evictable(p, on->cfg, t))
+      if (on->mode != MODE_DTR && may_evict(on, t))
         on->cands[on->n_cands++] = t;
     }
   uint32_t fi = 0;
@@ -319,7 +349,7 @@ static int run(online_t *on) {
         continue;
       if (on->mode == MODE_DTR) {
         remat(on, t, i);
-      } else {
+      } else { /* swapped: back on demand */
         make_room(on, (int64_t)p->tensors[t].bytes);
         on->mem += (int64_t)p->tensors[t].bytes;
         set_resident(on, t);
@@ -340,8 +370,8 @@ static int run(online_t *on) {
       uint32_t t = j < o->n_in ? in[j] : outs[j - o->n_in];
       if (on->st[t] == O_UNBORN) {
         on->st[t] = O_RES;
-        if (cap__evictable(p, on->cfg, t) &&
-            (on->mode == MODE_LRU || p->tensors[t].producer_op != CAP_NONE))
+        if (may_evict(on, t) &&
+            (on->mode != MODE_DTR || p->tensors[t].producer_op != CAP_NONE))
           on->cands[on->n_cands++] = t;
       }
       /* One access per op however often the op lists the tensor. */
@@ -366,12 +396,14 @@ static int plan_online(const cap_profile_t *p, const cap_plan_config_t *cfg,
   on.mode = mode;
   on.budget = cfg->budget_bytes > (uint64_t)INT64_MAX ? INT64_MAX
                                                       : (int64_t)cfg->budget_bytes;
-  cap_plan_t *plan = cap_plan_create(mode == MODE_DTR ? "dtr" : "passive-lru",
-                                     cfg->budget_bytes);
+  static const char *const names[] = {"dtr", "passive-lru", "belady"};
+  cap_plan_t *plan = cap_plan_create(names[mode], cfg->budget_bytes);
   int rc = plan ? run(&on) : CAP_ENOMEM;
   for (uint32_t i = 0; !rc && i < on.n_evs; i++) {
     const ev_t *ev = &on.evs[i];
-    if (mode == MODE_LRU) {
+    if (mode == MODE_BELADY && ev->k == p->tensors[ev->tensor].n_accesses) {
+      rc = cap_plan_add_release(plan, ev->tensor, ev->k);
+    } else if (mode != MODE_DTR) {
       rc = cap_plan_add_swap(plan, ev->tensor, ev->k, CAP_NONE, 0,
                              CAP_ACTION_SYNC_OUT);
     } else if (!ev->dead && ev->n_list) {
@@ -408,4 +440,9 @@ int cap__plan_dtr(const cap_profile_t *p, const cap_plan_config_t *cfg,
 int cap__plan_passive_lru(const cap_profile_t *p, const cap_plan_config_t *cfg,
                           cap_plan_t **out) {
   return plan_online(p, cfg, MODE_LRU, out);
+}
+
+int cap__plan_belady(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                     cap_plan_t **out) {
+  return plan_online(p, cfg, MODE_BELADY, out);
 }

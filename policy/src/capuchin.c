@@ -36,6 +36,7 @@
 
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
+#define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -478,12 +479,25 @@ static int build_plan(const cap__ctx_t *c, cap_plan_t **out) {
 /* One run of the algorithm with one set of choices; the planner runs a
  * few (see below) and keeps the best simulated plan. */
 typedef struct variant {
-  bool swaps_first;  /* phase 1 before ranking (Capuchin's order) */
-  bool push_back;    /* a D2H copy may push later-issued ones back */
-  double aim;        /* first target as a fraction of the budget */
-  bool weigh_cover;  /* rank by MSPS x share of the over-budget region */
-  bool loose_push;   /* pushed-back swap-outs may fill up to the peak */
-  bool no_fetch;     /* replays may not fetch swapped-out sources */
+  /* Run phase 1 (hidden swaps in order of free time) before the MSPS
+   * ranking, as Capuchin does; false ranks swaps and recomputes together. */
+  bool swaps_first;
+  /* A swap-out may push swap-outs issued after it back on the D2H engine
+   * (it is queued ahead of them) when that keeps them useful. */
+  bool push_back;
+  /* The first round's target as a fraction of the budget above the
+   * persistent bytes: < 1 aims under the budget, leaving room for what the
+   * estimate misses. */
+  double aim;
+  /* Rank by MSPS times the share of the over-budget region the freed range
+   * covers, rather than by MSPS alone. */
+  bool weigh_cover;
+  /* Swap-outs that were pushed back may hold memory up to the current peak,
+   * not only up to the target. */
+  bool loose_push;
+  /* Recompute lists may not fetch sources the plan swapped out (on
+   * demand, before the list runs). No variant sets it today. */
+  bool no_fetch;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -621,42 +635,35 @@ out_close:
  * copy-engine-bound CNN at 30 % wants recompute early, a transformer at 80 %
  * wants hidden swaps only). Each run costs a few simulations, so the
  * planner runs a small fixed portfolio and keeps the plan the simulator
- * rates best: feasible first, then the shortest iteration. */
+ * rates best: feasible first, then the shortest iteration. A field left
+ * out of an entry is false. */
 static const variant_t variants[] = {
-    {true, true, 1.0, false, true, false},   /* Capuchin: hidden swaps by FT, then MSPS */
-    {true, true, 1.0, true, true, false},    /* ... MSPS weighted by coverage */
-    {true, false, 1.0, true, true, false},   /* no pushing back of queued swap-outs */
-    {false, true, 1.0, true, true, false},   /* one ranking for swaps and recomputes */
-    {true, true, 0.97, true, true, false},   /* aim a little under the budget */
-    {false, false, 0.97, false, true, false},
-    {true, true, 1.0, true, false, false},   /* push back only within the target */
-    {false, true, 1.0, false, false, false},
+    /* Capuchin: hidden swaps by FT, then MSPS */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = true},
+    /* ... MSPS weighted by coverage */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* no pushing back of queued swap-outs */
+    {.swaps_first = true, .push_back = false, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* one ranking for swaps and recomputes */
+    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true},
+    /* aim a little under the budget */
+    {.swaps_first = true, .push_back = true, .aim = 0.97, .weigh_cover = true,
+     .loose_push = true},
+    /* one ranking, under the budget, no push back, plain MSPS */
+    {.swaps_first = false, .push_back = false, .aim = 0.97, .weigh_cover = false,
+     .loose_push = true},
+    /* push back only within the target */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = false},
+    /* one ranking, plain MSPS, push back within the target */
+    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = false},
 };
 
-/* No plan can go below this: every op needs its own inputs and outputs on
- * the device, on top of what never leaves it. */
-static uint64_t peak_floor(const cap_profile_t *p, const cap_plan_config_t *cfg) {
-  uint64_t best = 0;
-  for (uint32_t o = 0; o < p->n_ops; o++) {
-    const cap_op_t *op = &p->ops[o];
-    uint64_t sum = cfg->evict_persistent ? 0 : p->persistent_bytes;
-    const uint32_t *ts = p->op_tensors;
-    uint32_t n = op->n_in + op->n_out;
-    for (uint32_t i = 0; i < n; i++) {
-      uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
-      if (!cfg->evict_persistent && cap_tensor_is_resident(&p->tensors[x]))
-        continue;
-      bool dup = false;
-      for (uint32_t j = 0; j < i && !dup; j++)
-        dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
-      if (!dup)
-        sum += p->tensors[x].bytes;
-    }
-    if (sum > best)
-      best = sum;
-  }
-  return best;
-}
 
 /* The greedy books a swap's memory as freed once its copy out ends; when
  * that is after the ops that need the room (the op after the
@@ -703,10 +710,10 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       cap_plan_t **out) {
-  if (!p || !cfg || !out || !p->finished)
-    return CAP_EINVAL;
+/* The portfolio at one configuration: *out is the best plan found, fitting
+ * or not (0, or an error with *out NULL). */
+static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                          cap_plan_t **out) {
   *out = NULL;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
@@ -718,7 +725,7 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     size_t k = (size_t)((uint64_t)n_variants * PORTFOLIO_FULL_OPS / p->n_ops);
     n_variants = k < 2 ? 2 : k;
   }
-  if (peak_floor(p, cfg) > cfg->budget_bytes)
+  if (cap_plan_min_budget(p, cfg) > cfg->budget_bytes)
     n_variants = 1;
   cap_plan_t *best = NULL;
   /* the unmanaged iteration: no plan runs faster */
@@ -747,6 +754,84 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
   }
   if (!rc && best->predicted_peak_bytes > cfg->budget_bytes)
     rc = rescue_late_swap_outs(p, cfg, best);
+
+  if (rc) {
+    cap_plan_destroy(best);
+    return rc;
+  }
+  *out = best;
+  return 0;
+}
+
+/* Keep the better of *best and alt (feasible first, then the shorter
+ * iteration); the other is destroyed. */
+static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
+  if (better(alt, *best, budget)) {
+    cap_plan_destroy(*best);
+    *best = alt;
+  } else {
+    cap_plan_destroy(alt);
+  }
+}
+
+/* The whole planner at one configuration: the portfolio, Belady's plan
+ * where the portfolio finds none above the floor, then the local search.
+ * *out is the best plan, fitting or not (0, or an error with *out NULL). */
+static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                   cap_plan_t **out) {
+  cap_plan_t *best = NULL, *alt = NULL;
+  *out = NULL;
+  int rc = plan_portfolio(p, cfg, &best);
+  if (rc)
+    return rc;
+  /* Near the floor the greedy's estimate runs out of choices before the
+   * plan fits. Any budget above the floor has a plan that swaps, with the
+   * compute stream waiting, whatever is not needed now: take the one that
+   * evicts the tensor needed again last (Belady's rule). */
+  if (best->predicted_peak_bytes > cfg->budget_bytes &&
+      cap_plan_min_budget(p, cfg) <= cfg->budget_bytes) {
+    rc = cap__plan_belady(p, cfg, &alt);
+    if (!rc)
+      rc = cap__plan_make_explicit(alt, p, NULL);
+    if (!rc)
+      rc = cap__plan_predict(alt, p, &cfg->bw);
+    if (!rc)
+      keep_better(&best, alt, cfg->budget_bytes);
+    else
+      cap_plan_destroy(alt);
+  }
+  /* each try simulates the whole plan: fewer on long profiles */
+  uint32_t tries = IMPROVE_TRIES;
+  if (p->n_ops > PORTFOLIO_FULL_OPS)
+    tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  if (!rc)
+    rc = cap__plan_improve(best, p, cfg, tries);
+  if (rc) {
+    cap_plan_destroy(best);
+    return rc;
+  }
+  *out = best;
+  return 0;
+}
+
+int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       cap_plan_t **out) {
+  if (!p || !cfg || !out || !p->finished)
+    return CAP_EINVAL;
+  *out = NULL;
+  cap_plan_t *best = NULL, *alt = NULL;
+  int rc = plan_at(p, cfg, &best);
+  /* Allowing persistent tensors to leave can never force a worse plan, but
+   * the greedy, offered them, may take a worse path: plan exactly as
+   * without them too and keep the better. */
+  cap_plan_config_t pinned = *cfg;
+  pinned.evict_persistent = false;
+  if (!rc && cfg->evict_persistent &&
+      cap_plan_min_budget(p, &pinned) <= cfg->budget_bytes) {
+    rc = plan_at(p, &pinned, &alt);
+    if (!rc)
+      keep_better(&best, alt, cfg->budget_bytes);
+  }
   if (rc) {
     cap_plan_destroy(best);
     return rc;

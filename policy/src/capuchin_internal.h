@@ -223,6 +223,15 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                           int64_t stall_ns, int64_t step_ns, uint32_t *tt,
                           uint32_t *ta);
 
+/* Local search on a plan that fits cfg->budget_bytes: tries its costliest
+ * replays (at most max_tries) as just-in-time swaps, leaves out costly
+ * evictions, gives stalling swaps prefetches, and keeps each change that the
+ * simulator finds faster and no higher at its peak; plan is replaced in
+ * place, its predictions kept current. A plan that does not fit is left as it is.
+ * Returns 0 or CAP_ENOMEM (improve.c). */
+int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
+                      const cap_plan_config_t *cfg, uint32_t max_tries);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and

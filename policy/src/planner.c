@@ -36,6 +36,33 @@ static const cap__planner_fn planner_fns[] = {
     cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
 };
 
+/* Every op needs its own inputs and outputs on the device at once, on top
+ * of what never leaves it. */
+uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cfg) {
+  if (!p || !cfg)
+    return 0;
+  uint64_t best = 0;
+  for (uint32_t o = 0; o < p->n_ops; o++) {
+    const cap_op_t *op = &p->ops[o];
+    uint64_t sum = cfg->evict_persistent ? 0 : p->persistent_bytes;
+    const uint32_t *ts = p->op_tensors;
+    uint32_t n = op->n_in + op->n_out;
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
+      if (!cfg->evict_persistent && cap_tensor_is_resident(&p->tensors[x]))
+        continue;
+      bool dup = false;
+      for (uint32_t j = 0; j < i && !dup; j++)
+        dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
+      if (!dup)
+        sum += p->tensors[x].bytes;
+    }
+    if (sum > best)
+      best = sum;
+  }
+  return best;
+}
+
 int cap__plan_predict(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_bandwidth_t *bw) {
   cap_sim_result_t r;

@@ -34,6 +34,10 @@ int cap__plan_dtr(const cap_profile_t *p, const cap_plan_config_t *cfg,
                   cap_plan_t **out);
 int cap__plan_passive_lru(const cap_profile_t *p, const cap_plan_config_t *cfg,
                           cap_plan_t **out);
+/* Like passive-lru, but evicting the tensor whose next access comes last
+ * (Belady's rule): Capuchin's plan of last resort near the floor. */
+int cap__plan_belady(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                     cap_plan_t **out);
 
 /* --- shared by the baselines (baseline_common.c) -------------------------- */
 

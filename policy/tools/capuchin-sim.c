@@ -473,11 +473,15 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
     }
   }
   if (!status && !any && best_policy) {
+    uint64_t floor_bytes = cap_plan_min_budget(p, &cfg);
     fprintf(stderr,
             "capuchin-sim: no plan fits the budget of %" PRIu64
             " bytes (%.1f MiB); the smallest feasible peak found is %" PRIu64
-            " bytes (%.1f MiB, %s)\n",
-            budget, mib(budget), best, mib(best), best_policy);
+            " bytes (%.1f MiB, %s); no plan can fit below %" PRIu64
+            " bytes (%.1f MiB: the largest op's own tensors%s)\n",
+            budget, mib(budget), best, mib(best), best_policy, floor_bytes,
+            mib(floor_bytes),
+            cfg.evict_persistent ? "" : " plus the persistent bytes");
     status = EXIT_INFEASIBLE;
   }
   for (size_t i = 0; i < nres; i++)

@@ -234,6 +234,8 @@ static void test_impossible_budget_exits_2(void) {
   CHECK_EQ(r.status, 2);
   CHECK(strstr(r.err, "smallest feasible peak") != NULL);
   CHECK(strstr(r.err, "1000 bytes") != NULL);
+  /* and names the floor no plan can go below */
+  CHECK(strstr(r.err, "no plan can fit below") != NULL);
   snprintf(args, sizeof args, "--trace '%s' --budget 1000 --policy all --json",
            trace("vgg16"));
   run(args, &r);

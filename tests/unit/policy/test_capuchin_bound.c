@@ -1,0 +1,163 @@
+/*
+ * Capuchin against the lower bound's verdicts (issue 11), from the bound's
+ * committed results (tests/data/lower_bound_results.jsonl, computed by
+ * tools/lower_bound.py, which needs scipy; this test does not):
+ *  - a plan exists wherever the bound says one may: at every budget of the
+ *    file the bound solves, and at its smallest feasible budget + 5 % of
+ *    the activations, in both modes;
+ *  - where the bound says none can exist, capuchin reports none;
+ *  - with persistent eviction a plan is never slower than without it.
+ * Every plan is valid and re-simulates to what the planner reported.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cap_test.h"
+#include "capuchin/error.h"
+#include "capuchin/planner.h"
+#include "capuchin/sim.h"
+#include "capuchin/trace.h"
+
+typedef struct row {
+  char trace[64];
+  bool evict_persistent;
+  double pct;
+  uint64_t budget_bytes, floor_bytes, peak_bytes, persistent_bytes;
+  bool feasible;
+} row_t;
+
+static bool field(const char *line, const char *key, double *num, char *str,
+                  size_t len) {
+  char pat[80];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = strstr(line, pat);
+  if (!p)
+    return false;
+  p += strlen(pat);
+  if (*p == '"') {
+    const char *e = strchr(++p, '"');
+    if (!e || !str || (size_t)(e - p) >= len)
+      return false;
+    memcpy(str, p, (size_t)(e - p));
+    str[e - p] = '\0';
+    return true;
+  }
+  if (!num)
+    return false;
+  char *end;
+  *num = strtod(p, &end);
+  return end != p;
+}
+
+static void read_rows(row_t *rows, size_t max, size_t *n_out) {
+  FILE *f = fopen(cap_test_data("lower_bound_results.jsonl"), "r");
+  REQUIRE(f);
+  char line[4096];
+  size_t n = 0;
+  *n_out = 0;
+  while (n < max && fgets(line, sizeof line, f)) {
+    row_t r;
+    memset(&r, 0, sizeof r);
+    char mode[32], status[32];
+    double pct, budget, fl, peak, pers;
+    REQUIRE(field(line, "trace", NULL, r.trace, sizeof r.trace) &&
+            field(line, "mode", NULL, mode, sizeof mode) &&
+            field(line, "status", NULL, status, sizeof status) &&
+            field(line, "pct", &pct, NULL, 0) &&
+            field(line, "budget_bytes", &budget, NULL, 0) &&
+            field(line, "min_budget_bytes", &fl, NULL, 0) &&
+            field(line, "peak_bytes", &peak, NULL, 0) &&
+            field(line, "persistent_bytes", &pers, NULL, 0));
+    r.evict_persistent = !strcmp(mode, "evict-persistent");
+    r.pct = pct;
+    r.budget_bytes = (uint64_t)budget;
+    r.floor_bytes = (uint64_t)fl;
+    r.peak_bytes = (uint64_t)peak;
+    r.persistent_bytes = (uint64_t)pers;
+    r.feasible = !strcmp(status, "optimal");
+    rows[n++] = r;
+    *n_out = n;
+  }
+  fclose(f);
+}
+
+/* Plan, check the plan, return the result code; *iter the simulated
+ * iteration (-1 when it does not fit). */
+static int plan_at(const cap_profile_t *p, const char *trace, uint64_t budget,
+                   bool evict_persistent, int64_t *iter) {
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, budget);
+  cfg.evict_persistent = evict_persistent;
+  cap_plan_t *plan = NULL;
+  int rc = cap_plan_compute(p, "capuchin", &cfg, &plan);
+  *iter = -1;
+  CHECK(rc == 0 || rc == CAP_EINFEASIBLE);
+  if (!plan)
+    return rc;
+  char err[256];
+  int v = cap_plan_validate(plan, p, err, sizeof err);
+  if (v)
+    fprintf(stderr, "%s: invalid plan: %s\n", trace, err);
+  CHECK_EQ(v, 0);
+  cap_sim_result_t r;
+  CHECK_EQ(cap_sim_run(p, plan, &cfg.bw, &r), 0);
+  CHECK_EQ(r.peak_bytes, plan->predicted_peak_bytes);
+  CHECK_EQ(r.iter_ns, plan->predicted_iter_ns);
+  CHECK_EQ(rc == 0, r.peak_bytes <= budget);
+  if (rc == 0)
+    *iter = r.iter_ns;
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  return rc;
+}
+
+static void test_bound_verdicts(void) {
+  static row_t rows[256];
+  size_t n;
+  read_rows(rows, 256, &n);
+  CHECK(n >= 70); /* seven traces, two modes, five budgets and 100 % */
+  cap_profile_t *p = NULL;
+  char loaded[64] = "";
+  for (size_t i = 0; i < n; i++) {
+    const row_t *r = &rows[i];
+    if (r->pct >= 100)
+      continue;
+    if (strcmp(loaded, r->trace)) {
+      cap_profile_destroy(p);
+      char rel[sizeof r->trace + 8], err[256];
+      memcpy(rel, "traces/", 8);
+      memcpy(rel + 7, r->trace, sizeof r->trace);
+      REQUIRE(cap_trace_load(cap_test_data(rel), &p, err, sizeof err) == 0);
+      memcpy(loaded, r->trace, sizeof loaded);
+    }
+    int64_t iter, pinned;
+    int rc = plan_at(p, r->trace, r->budget_bytes, r->evict_persistent, &iter);
+    printf("%-18s %-6s %3.0f%%  bound %s  capuchin %s\n", r->trace,
+           r->evict_persistent ? "evict" : "pinned", r->pct,
+           r->feasible ? "fits" : "none", rc == 0 ? "fits" : "none");
+    CHECK_EQ(rc == 0, r->feasible);
+    if (r->evict_persistent) {
+      plan_at(p, r->trace, r->budget_bytes, false, &pinned);
+      if (pinned >= 0) {
+        if (iter < 0 || iter > pinned)
+          fprintf(stderr, "%s %.0f%%: evicting persistent tensors: %lld ns, "
+                          "without: %lld ns\n",
+                  r->trace, r->pct, (long long)iter, (long long)pinned);
+        CHECK(iter >= 0 && iter <= pinned);
+      }
+    }
+    if (r->pct == 80) { /* once per trace and mode: the floor + 5 % */
+      uint64_t b = r->floor_bytes + (r->peak_bytes - r->persistent_bytes) / 20;
+      rc = plan_at(p, r->trace, b, r->evict_persistent, &iter);
+      printf("%-18s %-6s floor+5%%  capuchin %s\n", r->trace,
+             r->evict_persistent ? "evict" : "pinned", rc == 0 ? "fits" : "none");
+      CHECK_EQ(rc, 0);
+    }
+  }
+  cap_profile_destroy(p);
+}
+
+int main(void) {
+  RUN_TEST(test_bound_verdicts);
+  return TEST_SUMMARY();
+}
