@@ -193,6 +193,11 @@ if [ $skip_build -eq 0 ]; then
   say "build ($build, $jobs jobs)"
   cuda_arg=()
   [ $smoke -eq 0 ] && cuda_arg=(-DCAP_WITH_CUDA=ON) # fail, not skip, without a toolkit
+  # The project looks in /usr/local/cuda; without it, the nvcc on PATH names
+  # the toolkit.
+  if [ ! -e /usr/local/cuda ] && nvcc=$(command -v nvcc); then
+    cuda_arg+=(-DCUDAToolkit_ROOT="$(dirname "$(dirname "$(realpath "$nvcc")")")")
+  fi
   # Python_EXECUTABLE/Python3_EXECUTABLE: the adapter's extension must be
   # built for the interpreter that has PyTorch (unused variables are harmless).
   py_args=()
@@ -350,10 +355,22 @@ EOF
 fi
 
 # --- 5. Training under the adapter against save_on_cpu and checkpoint ----
-# import capuchin from the build tree: the folder holding capuchin/__init__.py.
-pkg=$(find "$build" -path "$build/gpu-deps" -prune -o -name __init__.py -path '*/capuchin/__init__.py' -print 2>/dev/null | head -n 1)
-pypath=
-[ -n "$pkg" ] && pypath=$(dirname "$(dirname "$pkg")")
+# import capuchin from the build tree (the folder holding capuchin/__init__.py
+# there), else from the source tree; CAPUCHIN_PYTHONPATH overrides both.
+find_pkg() { # folder to search
+  find "$1" \( -path "$build/gpu-deps" -o -path "$src/build*" -o -path "$src/.git" \) -prune -o \
+    -path '*/capuchin/__init__.py' -print 2>/dev/null | head -n 1
+}
+pypath=${CAPUCHIN_PYTHONPATH:-}
+if [ -z "$pypath" ]; then
+  pkg=$(find_pkg "$build")
+  [ -n "$pkg" ] || pkg=$(find_pkg "$src")
+  [ -n "$pkg" ] && pypath=$(dirname "$(dirname "$pkg")")
+fi
+echo "gpu-check: capuchin package from ${pypath:-nowhere (not built: see $out/cmake.log)}"
+# The adapter's C extension needs Python's headers at build time.
+"$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  echo "gpu-check: note: $PYTHON has no Python.h: the adapter's extension (capuchin._client) cannot be built"
 train_args=(--device cuda)
 [ $smoke -eq 1 ] && train_args=(--device cpu --smoke)
 say "train_compare.py ${train_args[*]} ${TRAIN_ARGS:-}"
