@@ -27,7 +27,7 @@
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 case ${1:-} in
-  -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
 esac
 dir=$(realpath -m "${1:-$src/deploy/gpu-debs}")
 

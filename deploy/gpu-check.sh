@@ -39,6 +39,10 @@
 #     ./deploy/fetch-gpu-debs.sh           # fills deploy/gpu-debs/ (git-ignored)
 # and sent along with the checkout; with the device tool of this workplace:
 #     run(command="./deploy/gpu-check.sh --out $OUT", carry=["deploy/gpu-debs"])
+# (that tool sends the checkout of the session that calls it, and stops a
+# command after 10 minutes: if the whole check does not fit, split it, e.g.
+# TRAIN_ARGS="--models resnet50" first, then TRAIN_ARGS="--models gpt2"
+# with --skip-build on the same warm machine).
 # They are unpacked with `dpkg -x` (or ar+tar where dpkg is missing) into
 # BUILD/gpu-deps, never into /. CMake finds them through PKG_CONFIG_PATH,
 # CMAKE_PREFIX_PATH and PROTOC_C_EXECUTABLE; the programs built find the
@@ -63,7 +67,7 @@ while [ $# -gt 0 ]; do
     --system-deps) deps_mode=system ;;
     --skip-build) skip_build=1 ;;
     --build-only) build_only=1 ;;
-    -h | --help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
   shift
@@ -386,7 +390,27 @@ if [ "$rc" -ne 0 ]; then
 elif grep -q 'capuchin adapter not importable' "$out/train.log"; then
   record FAIL "training comparison: baselines ran, but the capuchin adapter is not importable (see $out/train.log)"
 else
-  record ok "training comparison: table in $out/train.log"
+  # Every capuchin row must have trained; whether it kept to the target is
+  # a result the table shows, counted here.
+  set +e
+  verdict=$("$PYTHON" - "$out/train.json" <<'EOF'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["method"] == "capuchin"]
+bad = [f"{r['model']} at {r['budget']}%: {r['note']}" for r in rows if r["samples_per_s"] is None]
+fit = sum(1 for r in rows if r["fits"])
+if not rows or bad:
+    print("; ".join(bad) or "no capuchin row")
+    sys.exit(1)
+print(f"{len(rows)} capuchin runs, {fit} within their target memory")
+EOF
+)
+  vrc=$?
+  set -e
+  if [ $vrc -eq 0 ]; then
+    record ok "training comparison: $verdict (table in $out/train.log)"
+  else
+    record FAIL "training comparison: $verdict"
+  fi
 fi
 
 say "summary ($device_name)"

@@ -373,6 +373,9 @@ def main():
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"train_compare: torch {torch.__version__} on {name}; {iterations} timed iterations "
           f"after {warmup} warm-up")
+    if device.type != "cuda":
+        print("train_compare: on the CPU, peak memory is the profiler's estimate and "
+              "save_on_cpu cannot lower it (the device is the host)")
     models, skipped = specs(args, device)
     for s in skipped:
         print(s)
