@@ -12,8 +12,10 @@ For each model and budget:
     optimizer state, allocated before a step starts) plus N % of the step's
     transient peak, as everywhere else in Capuchin.
   * capuchin: the PyTorch adapter (`capuchin.Manager(budget="N%", job=...)`,
-    one `with mgr.step():` per iteration). When `import capuchin` fails the
-    row says "capuchin adapter not importable" and the baselines still run.
+    one `with mgr.step():` per iteration), each run in a fresh process of
+    this script so that the adapter starts on a clean CUDA state. When
+    `import capuchin` fails the row says "capuchin adapter not importable"
+    and the baselines still run.
   * save_on_cpu: `torch.autograd.graph.save_on_cpu(pin_memory=True)` around
     the forward of the first k blocks of the model, and
   * checkpoint: `torch.utils.checkpoint.checkpoint(use_reentrant=False)` of
@@ -44,7 +46,9 @@ import argparse
 import functools
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -57,10 +61,11 @@ import torch.utils.checkpoint
 # ---------------------------------------------------------------- models
 class Spec:
     """A model to train: build() -> (model, optimizer, blocks); batch();
-    loss(model, batch) -> scalar; samples per batch."""
+    loss(model, batch) -> scalar; samples per batch; key: its --models name."""
 
     def __init__(self, name, build, batch, loss, samples):
         self.name, self.build, self.batch, self.loss, self.samples = name, build, batch, loss, samples
+        self.key = name
 
 
 def ce_loss(model, batch):
@@ -197,6 +202,8 @@ def specs(args, device):
                             lm_loss, n))
         else:
             raise SystemExit(f"train_compare: unknown model {name}")
+        if out:
+            out[-1].key = name
     return out, skipped
 
 
@@ -335,6 +342,35 @@ def fit_blocks(spec, meter, method, n_blocks, target, trial_iters):
     return hi, True
 
 
+def capuchin_in_child(spec, args, budget, iterations, warmup):
+    """Train under the adapter in a fresh process: its allocator, hooks and
+    CUDA state start clean (a pluggable allocator must be installed before
+    CUDA's first allocation, which the unmanaged run has made), and a crash
+    of the adapter is a row of the table, not the end of it."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--models", spec.key,
+           "--child-capuchin", str(budget), "--iterations", str(iterations), "--warmup", str(warmup)]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.batch:
+        cmd += ["--batch", str(args.batch)]
+    if args.seq_len:
+        cmd += ["--seq-len", str(args.seq_len)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = None
+    for line in p.stdout.splitlines():
+        if line.startswith(CHILD_RESULT):
+            result = json.loads(line[len(CHILD_RESULT):])
+        else:
+            print("    " + line)  # the adapter's report
+    if p.returncode != 0 or result is None:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"child exited {p.returncode}: {last}")
+    return result
+
+
+CHILD_RESULT = "train_compare-result: "
+
+
 # --------------------------------------------------------------- driver
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -350,6 +386,7 @@ def main():
     ap.add_argument("--batch", type=int, help="batch size (default: 128 for resnet50, 8 for gpt2)")
     ap.add_argument("--seq-len", type=int, help="GPT-2 sequence length (default 1024)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--child-capuchin", type=int, metavar="BUDGET", help=argparse.SUPPRESS)
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -360,6 +397,14 @@ def main():
     budgets = [int(b) for b in args.budgets.split(",")]
     methods = args.methods.split(",")
     meter = Meter(device)
+
+    if args.child_capuchin is not None:  # one capuchin run, for the parent
+        spec = specs(args, device)[0][0]
+        r = train(spec, meter, iterations, warmup, "capuchin", mgr_budget=f"{args.child_capuchin}%")
+        if r["report"]:
+            print(str(r["report"]))
+        print(CHILD_RESULT + json.dumps({k: r[k] for k in ("time_s", "peak", "persistent")}), flush=True)
+        return 0
 
     adapter_error = None
     if "capuchin" in methods:
@@ -411,10 +456,8 @@ def main():
                         if adapter_error:
                             row(spec, b, target, method, "-", note="capuchin adapter not importable")
                             continue
-                        r = train(spec, meter, iterations, warmup, "capuchin", mgr_budget=f"{b}%")
+                        r = capuchin_in_child(spec, args, b, iterations, warmup)
                         row(spec, b, target, method, f"{b}%", r)
-                        if r["report"]:
-                            print("    " + str(r["report"]).replace("\n", "\n    "))
                     elif method in ("save_on_cpu", "checkpoint"):
                         if b >= 100:
                             k, fits = 0, True  # the unmanaged peak is the target
