@@ -6,6 +6,7 @@
 #ifndef CAPUCHIN_DAEMON_H
 #define CAPUCHIN_DAEMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
