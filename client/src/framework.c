@@ -117,3 +117,34 @@ int cap_client_tensor_resident(cap_client_t *c, uint32_t id) {
     return CAP_EINVAL;
   return c->tensors[id].state == CAP__T_DEVICE;
 }
+
+int cap_client_op_run(cap_client_t *c, const char *name, const uint32_t *in,
+                      uint32_t n_in, const uint32_t *out, uint32_t n_out,
+                      int64_t duration_ns) {
+  if (!c || duration_ns < 0)
+    return CAP_EINVAL;
+  int rc = cap_client_op_begin(c, name, in, n_in, out, n_out, NULL, NULL);
+  if (rc < 0)
+    return rc;
+  /* The op ran before it was reported; it cannot have started before the
+   * iteration did. */
+  int64_t start = cap__now_ns(c->dev) - duration_ns;
+  c->op_start_ns = start > c->iter_start_ns ? start : c->iter_start_ns;
+  return cap__op_end(c);
+}
+
+int cap_client_diverged(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  if (!c->in_iter) {
+    cap__set_error(c, "diverged outside an iteration");
+    return CAP_ESTATE;
+  }
+  if (c->mode == CAP_MODE_GUIDED) {
+    c->mode = CAP_MODE_PASSIVE;
+    snprintf(c->it.plan_note, sizeof c->it.plan_note,
+             "the iteration left the plan's op sequence at op %u: plan "
+             "suspended for the rest of it", c->op_seq);
+  }
+  return 0;
+}

@@ -86,6 +86,24 @@ CAP_EXTERN int cap_client_adopt_persistent(cap_client_t *c, uint64_t bytes,
  * data cannot be brought back (never stale data). */
 CAP_EXTERN int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev);
 
+/* Report an op the framework has already run: PyTorch's dispatcher creates
+ * an op's outputs only as the op runs, so they can be adopted only after
+ * it. This is op begin (the access record; every tensor listed is brought
+ * to the device first, which for tensors the framework holds is a no-op)
+ * and op end (the plan's evictions after this access), with the op's
+ * start taken as duration_ns before now. Returns as op begin does. */
+CAP_EXTERN int cap_client_op_run(cap_client_t *c, const char *name,
+                                 const uint32_t *in, uint32_t n_in,
+                                 const uint32_t *out, uint32_t n_out,
+                                 int64_t duration_ns);
+
+/* The framework found that this iteration no longer follows the one the
+ * plan was made for (other shapes, other ops): the plan stops for the rest
+ * of the iteration (no more evictions or prefetches; what is already out
+ * comes back on demand, as cap_client_acquire brings it) and the iteration
+ * ends passive. The plan is kept for the next iteration. */
+CAP_EXTERN int cap_client_diverged(cap_client_t *c);
+
 /* Collect the copies that have finished (calling release for the device
  * memory swap-outs no longer read). Returns the number still running.
  * Op end and iteration begin/end do this too. */

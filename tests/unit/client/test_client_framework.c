@@ -14,6 +14,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cap_test.h"
 #include "capuchin/client.h"
@@ -248,11 +249,81 @@ static void run(bool acquire_a) {
   fw_drop(&f, wbuf);
 }
 
+/* The framework reports each op after running it (cap_client_op_run, as
+ * PyTorch's dispatcher must) and, once, finds the iteration diverged before
+ * its first op: the plan stays out of that iteration and comes back in the
+ * next one. Iteration 0 runs without a plan. */
+static void test_framework_op_run_and_diverged(void) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+  CHECK_EQ(cap_client_diverged(c), CAP_ESTATE);
+  CHECK_EQ(cap_client_op_run(c, "aten::x", NULL, 0, NULL, 0, -1), CAP_EINVAL);
+  for (int it = 0; it < 4; it++) {
+    if (it == 1) /* after an iteration the plan's tensors exist */
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    if (it == 2)
+      CHECK_EQ(cap_client_diverged(c), 0);
+    uint32_t a, b;
+    uint8_t *pa = fw_new(&f, N);
+    REQUIRE(pa);
+    memset(pa, 0x5a, N);
+    CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
+    CHECK_EQ(a, 0);
+    uint32_t rel0 = f.releases;
+    CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
+    uint8_t *pb = fw_new(&f, N);
+    REQUIRE(pb);
+    CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
+    /* Poll until the swap-out has finished: then the framework has been
+     * told it may drop a's memory, and a comes back through its allocator. */
+    for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+      nanosleep(&(struct timespec){0, 100000}, NULL);
+    CHECK_EQ(cap_client_poll(c), 0);
+    CHECK_EQ(f.releases - rel0, it == 1 || it == 3 ? 1u : 0u);
+    CHECK_EQ(cap_client_tensor_resident(c, a), it == 1 || it == 3 ? 0 : 1);
+    void *p = NULL;
+    CHECK_EQ(cap_client_acquire(c, a, &p), 0);
+    CHECK(p != NULL && ((uint8_t *)p)[N - 1] == 0x5a);
+    if (p)
+      memcpy(pb, p, N);
+    CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t id = 0; id < 2; id++) {
+      void *q = cap_client_tensor_ptr(c, id);
+      CHECK_EQ(cap_client_free(c, id), 0);
+      if (q)
+        fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    CHECK_EQ(st.plan_version, it == 0 ? 0u : 1u);
+    bool guided = it == 1 || it == 3;
+    CHECK_EQ(st.evictions, guided ? 1u : 0u);
+    CHECK_EQ(st.bytes_in, guided ? (uint64_t)N : 0u);
+    if (it == 2)
+      CHECK(strstr(st.plan_note, "left the plan's op sequence at op 0") != NULL);
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
 static void test_framework_memory_at_access(void) { run(false); }
 static void test_framework_memory_acquire(void) { run(true); }
 
 int main(void) {
   RUN_TEST(test_framework_memory_at_access);
   RUN_TEST(test_framework_memory_acquire);
+  RUN_TEST(test_framework_op_run_and_diverged);
   return TEST_SUMMARY();
 }
