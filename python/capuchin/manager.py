@@ -124,7 +124,7 @@ class Manager:
 
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=0,
-                 connect_timeout_ms=1000):
+                 connect_timeout_ms=1000, sim_gbps=0.0):
         if TorchDispatchMode is None:
             raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
         self.budget_spec = parse_budget(budget)
@@ -136,6 +136,9 @@ class Manager:
                        if verify is None else bool(verify))
         self.host_pool_bytes = host_pool_bytes
         self.connect_timeout_ms = connect_timeout_ms
+        # CPU only (the client's sim backend): the copy engines' modelled
+        # bandwidth, GB/s each way (0: an H100's PCIe).
+        self.sim_gbps = float(os.environ.get("CAPUCHIN_SIM_GBPS", sim_gbps) or 0)
         self.budget_bytes = 0
         self.persistent_bytes = 0
         self.probe_peak_bytes = 0
@@ -304,25 +307,24 @@ class Manager:
             connect_timeout_ms=self.connect_timeout_ms,
             host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
             release=self._saved.release, recompute=self._recompute,
-            compute_stream=stream)
-        # The probe's ids were its own: the persistent storages get the
-        # client's, everything else is forgotten.
+            compute_stream=stream, sim_gbps=self.sim_gbps)
+        # The probe's ids were its own: the storages that outlived it become
+        # the client's persistent tensors now, before the measured step, so
+        # that its profile holds them from its first op (gradients and
+        # optimizer state were created late in the probe). What the caller
+        # keeps of a step (the loss) counts too: keep it small.
         table = Tensors(None)
         for ident in idents.values():
             sts = [st for st in ident.storages if st.count > 0]
-            if not sts:
+            objs = [(st, self._tensors.tensor_at(st.ptr)) for st in sts]
+            objs = [(st, t) for st, t in objs if t is not None]
+            if not objs:
                 continue
-            t = self._tensors.tensor_at(sts[0].ptr)
-            if t is None:
-                continue
-            cid = self.client.adopt_persistent(ident.nbytes, sts[0].ptr)
+            cid = self.client.adopt_persistent(ident.nbytes, objs[0][0].ptr)
             new = Ident(cid, ident.nbytes, True)
             self._idents[cid] = new
-            for st in sts:
-                t = self._tensors.tensor_at(st.ptr)
-                if t is not None:
-                    t._cap_st = None
-                    table.add(t, new)
+            for st, t in objs:
+                table.add(t, new)
         self._tensors = table
 
     # --- ops --------------------------------------------------------------

@@ -148,7 +148,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"job", "budget", "socket", "no_daemon", "backend",
                            "connect_timeout_ms", "host_pool_bytes",
                            "time_scale", "alloc", "release", "recompute",
-                           "compute_stream", NULL};
+                           "compute_stream", "sim_gbps", NULL};
   const char *job = NULL, *sock = NULL, *backend = NULL;
   unsigned long long budget = 0, pool = 0;
   int no_daemon = 0;
@@ -156,10 +156,11 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   double scale = 1.0;
   PyObject *alloc = NULL, *release = NULL, *recompute = NULL;
   unsigned long long stream = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zKzpzIKdOOOK", kwlist, &job,
+  double sim_gbps = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zKzpzIKdOOOKd", kwlist, &job,
                                    &budget, &sock, &no_daemon, &backend,
                                    &timeout_ms, &pool, &scale, &alloc,
-                                   &release, &recompute, &stream))
+                                   &release, &recompute, &stream, &sim_gbps))
     return -1;
   if (!alloc || !release || !recompute || !PyCallable_Check(alloc) ||
       !PyCallable_Check(release) || !PyCallable_Check(recompute)) {
@@ -183,6 +184,10 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   cfg.time_scale = scale;
   cfg.framework_memory = true;
   cfg.compute_stream = (void *)(uintptr_t)stream;
+  /* sim backend: the modelled copy bandwidth in each direction (0: the
+   * H100's), so a CPU run can make copies as dear as a GPU's are */
+  cfg.sim_h2d_gbps = cfg.sim_d2h_gbps = sim_gbps;
+  cfg.sim_duplex_gbps = sim_gbps > 0 ? 1.5 * sim_gbps : 0;
   self->names = PyDict_New();
   if (!self->names)
     return -1;
