@@ -104,6 +104,20 @@ int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev) {
   return 0;
 }
 
+int cap_client_make_room(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  while (cap__dev_in_use(c->dev) > c->budget_bytes) {
+    if (c->n_retire)
+      cap__reap(c, false);
+    if (cap__dev_in_use(c->dev) <= c->budget_bytes)
+      break;
+    if (!cap__retire_wait_one(c))
+      return 0;
+  }
+  return 1;
+}
+
 int cap_client_poll(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
@@ -142,6 +156,7 @@ int cap_client_diverged(cap_client_t *c) {
   }
   if (c->mode == CAP_MODE_GUIDED) {
     c->mode = CAP_MODE_PASSIVE;
+    c->it.mode = CAP_MODE_PASSIVE;
     snprintf(c->it.plan_note, sizeof c->it.plan_note,
              "the iteration left the plan's op sequence at op %u: plan "
              "suspended for the rest of it", c->op_seq);

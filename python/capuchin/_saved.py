@@ -22,18 +22,28 @@ import zlib
 import torch
 
 from . import _client
-from ._tensors import bytes_of, meta_of, storage_base, view_on
+from ._tensors import Ident, bytes_of, meta_of, storage_base, view_on
 
 
 class _Handle:
-    __slots__ = ("ident", "t", "meta", "ptr", "hash", "__weakref__")
+    __slots__ = ("ident", "t", "meta", "ptr", "hash", "owner", "__weakref__")
 
-    def __init__(self, ident, t):
+    def __init__(self, ident, t, owner):
         self.ident = ident
         self.t = t
         self.meta = meta_of(t)
         self.ptr = storage_base(t)
         self.hash = None
+        self.owner = owner
+
+    def __del__(self):
+        # Autograd let go of the saved tensor. If the client was still
+        # copying it out, the storage must outlive the copy: kept until the
+        # client has no copy in flight.
+        if self.t is not None:
+            self.owner.bury(self.t)
+            self.t = None
+        self.owner.m._tensors.unref(self.ident)
 
 
 def _hash(t):
@@ -47,6 +57,7 @@ class SavedTensors:
     def __init__(self, mgr):
         self.m = mgr
         self.handles = {}      # id -> [weakref(_Handle)]
+        self.graveyard = []    # storages a copy of the client may still use
         self.mismatches = 0
         self.active = False
 
@@ -73,6 +84,14 @@ class SavedTensors:
     def forget(self, ident):
         self.handles.pop(ident.id, None)
 
+    def bury(self, t):
+        self.graveyard.append(t)
+
+    def reap(self):
+        """Let the graveyard go once the client has no copy in flight."""
+        if self.graveyard and (self.m.client is None or self.m.client.poll() == 0):
+            self.graveyard = []
+
     # --- hooks ------------------------------------------------------------
     def pack(self, t):
         m = self.m
@@ -84,10 +103,9 @@ class SavedTensors:
         if st is None or st.ident.persistent or st.buf is not None:
             return t
         ident = st.ident
-        h = _Handle(ident, t)
+        h = _Handle(ident, t, self)
         ident.refs += 1
         self.handles.setdefault(ident.id, []).append(weakref.ref(h))
-        weakref.finalize(h, m._tensors.unref, ident)
         return h
 
     def unpack(self, h):
@@ -125,7 +143,9 @@ class SavedTensors:
         m = self.m
         ident = m._idents.get(tid)
         if ident is None:
-            return 0
+            # A recompute list's temporary: an output of a replayed op whose
+            # tensor is no longer live. Released when the list ends.
+            ident = Ident(tid, nbytes, False)
         prev = m._internal
         m._internal = True
         try:

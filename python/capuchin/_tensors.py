@@ -103,12 +103,19 @@ class Tensors:
         return st
 
     def drop_ident(self, ident):
-        """The id is freed: forget its storages that are still mapped."""
+        """The id is freed: forget its storages that are still mapped.
+        Returns the buffers the adapter had allocated for it: a copy into
+        one may still be running, so the caller keeps them until the client
+        has no copy in flight."""
+        bufs = []
         for st in ident.storages:
             if self.by_ptr.get(st.ptr) is st:
                 del self.by_ptr[st.ptr]
+            if st.buf is not None:
+                bufs.append(st.buf)
             st.buf = None
         ident.storages = []
+        return bufs
 
     def tensor_at(self, ptr):
         """A live tensor object on the storage at ptr, or None."""

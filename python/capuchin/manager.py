@@ -329,6 +329,7 @@ class Manager:
 
     # --- ops --------------------------------------------------------------
     def _flush_frees(self):
+        self._saved.reap()
         pend = self._tensors.pending_frees
         if not pend:
             return
@@ -336,7 +337,8 @@ class Manager:
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
-            self._tensors.drop_ident(ident)
+            for buf in self._tensors.drop_ident(ident):
+                self._saved.bury(buf)
             self._saved.forget(ident)
             if self._probe or ident.id < 0:
                 self._live_bytes -= ident.nbytes
@@ -360,7 +362,8 @@ class Manager:
             if ident.persistent:
                 continue
             del self._idents[tid]
-            self._tensors.drop_ident(ident)
+            for buf in self._tensors.drop_ident(ident):
+                self._saved.bury(buf)
             self._saved.forget(ident)
             try:
                 self.client.free(tid)
@@ -411,6 +414,10 @@ class Manager:
         rng = None
         if not probe and any(w in name for w in _RNG_WORDS):
             rng = self._rng_state()
+        if self._guided and not self._diverged:
+            # PyTorch allocates the op's outputs: first let the swap-outs
+            # in flight release what the budget needs (a budget wait).
+            self.client.make_room()
         cuda = self.device is not None and self.device.type == "cuda"
         if cuda and not probe and not self._guided:
             torch.cuda.synchronize(self.device)

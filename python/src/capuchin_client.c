@@ -373,6 +373,15 @@ static PyObject *Client_poll(ClientObject *self, PyObject *unused) {
   return PyLong_FromLong(n);
 }
 
+static PyObject *Client_make_room(ClientObject *self, PyObject *unused) {
+  if (check_open(self) < 0)
+    return NULL;
+  int r = cap_client_make_room(self->c);
+  if (PyErr_Occurred())
+    PyErr_Clear();
+  return PyBool_FromLong(r > 0);
+}
+
 static PyObject *Client_resident(ClientObject *self, PyObject *arg) {
   if (check_open(self) < 0)
     return NULL;
@@ -485,6 +494,8 @@ static PyMethodDef Client_methods[] = {
     {"poll", (PyCFunction)Client_poll, METH_NOARGS,
      "poll() -> copies still running (finished ones are released)"},
     {"resident", (PyCFunction)Client_resident, METH_O, "resident(id) -> bool"},
+    {"make_room", (PyCFunction)Client_make_room, METH_NOARGS,
+     "make_room() -> bool: wait for swap-outs while over the budget"},
     {"begin", (PyCFunction)Client_begin, METH_NOARGS,
      "iteration begin -> the plan version in force (0: none)"},
     {"end", (PyCFunction)Client_end, METH_NOARGS, "iteration end -> dict"},

@@ -64,7 +64,7 @@ check "libcapuchin-client0: ldconfig trigger" \
   bash -c 'dpkg-deb -I "$0" triggers | grep -q ldconfig' "$lib"
 check "libcapuchin-client0: section libs" test "$(field "$lib" Section)" = libs
 
-for h in client.h error.h extern.h types.h; do
+for h in client.h error.h extern.h framework.h types.h; do
   check "libcapuchin-client-dev: $h" has "$dev" "/usr/include/capuchin/$h"
 done
 check "libcapuchin-client-dev: only the public headers" \

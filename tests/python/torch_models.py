@@ -20,7 +20,7 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, ch=8, depth=6):
+    def __init__(self, ch=8, depth=10):
         super().__init__()
         self.stem = nn.Conv2d(3, ch, 3, padding=1)
         self.convs = nn.ModuleList(nn.Conv2d(ch, ch, 3, padding=1) for _ in range(depth))
@@ -78,7 +78,7 @@ def build(name, seed=0, small_batch_at=None):
     from which the batch is smaller (a last, short batch)."""
     torch.manual_seed(seed)
     if name == "mlp":
-        model, shape, n = MLP(), (64,), 256
+        model, shape, n = MLP(), (64,), 512
     elif name == "cnn":
         model, shape, n = CNN(), (3, 16, 16), 16
     elif name == "transformer":

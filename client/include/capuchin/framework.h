@@ -104,6 +104,14 @@ CAP_EXTERN int cap_client_op_run(cap_client_t *c, const char *name,
  * ends passive. The plan is kept for the next iteration. */
 CAP_EXTERN int cap_client_diverged(cap_client_t *c);
 
+/* The framework is about to allocate (run an op): while the bytes in use
+ * exceed the budget, wait for the swap-outs in flight to finish, oldest
+ * first, and release their memory (each wait is a budget wait and counts
+ * as stall time, as when the client allocates in model 1). Returns 1 when
+ * the bytes in use are within the budget, 0 when they are not and no
+ * swap-out is left to wait for. */
+CAP_EXTERN int cap_client_make_room(cap_client_t *c);
+
 /* Collect the copies that have finished (calling release for the device
  * memory swap-outs no longer read). Returns the number still running.
  * Op end and iteration begin/end do this too. */
