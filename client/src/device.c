@@ -74,6 +74,7 @@ int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
     goto out_backend;
   cap_bfc_config_t hc;
   cap_bfc_config_init(&hc);
+  hc.budget_bytes = cfg->host_pool_cap_bytes; /* 0: unlimited */
   cap_bfc_source_t hsrc;
   cap_backend_host_source(d->b, &hsrc);
   rc = cap_bfc_create(&hc, &hsrc, &d->host_bfc);

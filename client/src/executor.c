@@ -196,10 +196,19 @@ int cap__op_end(cap_client_t *c) {
       c->it.evictions++;
       atomic_fetch_add(&c->ctr.evictions, 1);
       atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
-    } else if (cap__swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0) < 0) {
-      /* No pinned memory or the copy refused: keep it on the device. */
-      c->it.fallbacks++;
-      atomic_fetch_add(&c->ctr.fallbacks, 1);
+    } else {
+      int rc = cap__swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0);
+      if (rc < 0) {
+        /* No pinned memory (the pool's cap) or the copy refused: keep it
+         * on the device. */
+        c->it.fallbacks++;
+        atomic_fetch_add(&c->ctr.fallbacks, 1);
+        if (!c->it.plan_note[0])
+          snprintf(c->it.plan_note, sizeof c->it.plan_note,
+                   "swap-out of tensor %u kept on the device: %s%s", id,
+                   cap_strerror(rc),
+                   rc == CAP_EBUDGET ? " (host pool cap)" : "");
+      }
     }
   }
   if (c->n_retire)

@@ -123,8 +123,8 @@ class Manager:
     """One training job under Capuchin. See the module's docstring."""
 
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
-                 plan_wait_s=0.0, verify=None, host_pool_bytes=0,
-                 connect_timeout_ms=1000, sim_gbps=0.0):
+                 plan_wait_s=0.0, verify=None, host_pool_bytes=None,
+                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0):
         if TorchDispatchMode is None:
             raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
         self.budget_spec = parse_budget(budget)
@@ -134,7 +134,12 @@ class Manager:
         self.plan_wait_s = plan_wait_s
         self.verify = (os.environ.get("CAPUCHIN_VERIFY", "0") not in ("", "0")
                        if verify is None else bool(verify))
+        # Pinned host memory for swaps: allocated (and touched) once when the
+        # client starts, by default as much as the first iteration's
+        # activation peak; capped, by default at twice that. A swap-out that
+        # would pass the cap keeps its tensor on the device (with a warning).
         self.host_pool_bytes = host_pool_bytes
+        self.host_pool_cap = host_pool_cap
         self.connect_timeout_ms = connect_timeout_ms
         # CPU only (the client's sim backend): the copy engines' modelled
         # bandwidth, GB/s each way (0: an H100's PCIe).
@@ -264,6 +269,9 @@ class Manager:
         if s.get("daemon_message"):
             notes.append(s["daemon_message"])
         st["note"] = "; ".join(notes)
+        if "host pool cap" in st["note"]:
+            self.warn_once("hostcap", "the pinned host pool's cap (%d bytes) was reached: "
+                           "tensors it could not take stayed on the device" % self.host_pool_cap)
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
         self.iterations.append(st)
@@ -301,13 +309,18 @@ class Manager:
         if self.device is not None and self.device.type == "cuda":
             backend = "cuda"
             stream = torch.cuda.current_stream(self.device).cuda_stream
+        if self.host_pool_bytes is None:
+            self.host_pool_bytes = peak
+        if self.host_pool_cap is None:
+            self.host_pool_cap = 2 * peak
         self.client = _client.Client(
             job=self.job, budget=self.budget_bytes, socket=self.socket,
             no_daemon=self.no_daemon, backend=backend,
             connect_timeout_ms=self.connect_timeout_ms,
             host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
             release=self._saved.release, recompute=self._recompute,
-            compute_stream=stream, sim_gbps=self.sim_gbps)
+            compute_stream=stream, sim_gbps=self.sim_gbps,
+            host_pool_cap=self.host_pool_cap)
         # The probe's ids were its own: the storages that outlived it become
         # the client's persistent tensors now, before the measured step, so
         # that its profile holds them from its first op (gradients and

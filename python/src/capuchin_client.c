@@ -148,7 +148,8 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"job", "budget", "socket", "no_daemon", "backend",
                            "connect_timeout_ms", "host_pool_bytes",
                            "time_scale", "alloc", "release", "recompute",
-                           "compute_stream", "sim_gbps", NULL};
+                           "compute_stream", "sim_gbps", "host_pool_cap",
+                           NULL};
   const char *job = NULL, *sock = NULL, *backend = NULL;
   unsigned long long budget = 0, pool = 0;
   int no_daemon = 0;
@@ -157,10 +158,12 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   PyObject *alloc = NULL, *release = NULL, *recompute = NULL;
   unsigned long long stream = 0;
   double sim_gbps = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zKzpzIKdOOOKd", kwlist, &job,
+  unsigned long long pool_cap = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zKzpzIKdOOOKdK", kwlist, &job,
                                    &budget, &sock, &no_daemon, &backend,
                                    &timeout_ms, &pool, &scale, &alloc,
-                                   &release, &recompute, &stream, &sim_gbps))
+                                   &release, &recompute, &stream, &sim_gbps,
+                                   &pool_cap))
     return -1;
   if (!alloc || !release || !recompute || !PyCallable_Check(alloc) ||
       !PyCallable_Check(release) || !PyCallable_Check(recompute)) {
@@ -181,6 +184,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   cfg.backend = backend;
   cfg.connect_timeout_ms = timeout_ms;
   cfg.host_pool_bytes = pool;
+  cfg.host_pool_cap_bytes = pool_cap;
   cfg.time_scale = scale;
   cfg.framework_memory = true;
   cfg.compute_stream = (void *)(uintptr_t)stream;

@@ -4,6 +4,7 @@
     test_torch_adapter.py kill MODEL      the daemon killed mid-training
     test_torch_adapter.py nodaemon MODEL  no daemon at all
     test_torch_adapter.py shapes MODEL    a smaller batch from iteration 4
+    test_torch_adapter.py hostcap MODEL   a pinned host pool capped at 4 KiB
 
 Every scenario trains MODEL (torch_models.py) for ITERS iterations under
 capuchin.Manager and once without it, from the same seed, and requires the
@@ -152,9 +153,25 @@ def scenario_shapes(model_name):
           "diverged" in its[3]["note"] and its[3]["mode"] == "passive")
 
 
+def scenario_hostcap(model_name):
+    import warnings
+    ref = reference(model_name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr, got = managed(model_name, "50%", model_name + "-hostcap", host_pool_cap=4096)
+    check_equal(model_name + " host pool capped", ref, got)
+    check_common(model_name + " host pool capped", mgr)
+    its = mgr.iterations[2:]
+    check("host cap: iterations 3.. guided", all(it["mode"] == "guided" for it in its))
+    check("host cap: swap-outs past the cap kept their tensor (fallbacks, said why)",
+          all(it["fallbacks"] > 0 and "host pool cap" in it["note"] for it in its))
+    check("host cap: a warning said so",
+          any("pinned host pool" in str(w.message) for w in caught))
+
+
 if __name__ == "__main__":
     scenario, model_name = sys.argv[1], sys.argv[2]
     {"budgets": scenario_budgets, "kill": scenario_kill, "nodaemon": scenario_nodaemon,
-     "shapes": scenario_shapes}[scenario](model_name)
+     "shapes": scenario_shapes, "hostcap": scenario_hostcap}[scenario](model_name)
     print("%d failed" % len(fails))
     sys.exit(1 if fails else 0)

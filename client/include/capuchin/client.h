@@ -91,6 +91,9 @@ typedef struct cap_client_config {
   uint32_t reconnect_ms;    /* delay between reconnection attempts (200) */
   uint32_t connect_timeout_ms; /* first connection wait at create (1000);
                                   the job starts passive if it fails */
+  uint64_t host_pool_cap_bytes; /* the most pinned host memory swaps may
+                                   hold (0: no cap); a swap-out that does
+                                   not fit keeps its tensor on the device */
   bool framework_memory;    /* the framework owns the tensors' device memory
                                (capuchin/framework.h): take no budget-sized
                                arena at create */

@@ -318,6 +318,69 @@ static void test_framework_op_run_and_diverged(void) {
   CHECK_EQ(f.n_live, 0);
 }
 
+/* One swap of tensor 0 after its first access, and a budget of 1.5
+ * tensors: make_room waits for the swap-out to release its tensor; with the
+ * host pool capped below one tensor the swap-out cannot start, the tensor
+ * stays on the device and the iteration says why. */
+static void budget_and_host_cap(bool capped) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cfg.budget_bytes = N + N / 2;
+  cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
+  cfg.host_pool_cap_bytes = capped ? N / 2 : 0;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t a, b;
+    uint8_t *pa = fw_new(&f, N), *pb = fw_new(&f, N);
+    REQUIRE(pa && pb);
+    CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
+    CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
+    /* 2 tensors in use, 1.5 allowed: only a running swap-out helps. */
+    bool freed = it == 1 && !capped;
+    CHECK_EQ(cap_client_make_room(c), freed ? 1 : 0);
+    CHECK_EQ(cap_client_tensor_resident(c, a), freed ? 0 : 1);
+    CHECK_EQ(f.releases, freed ? 1u : 0u);
+    void *p = NULL;
+    CHECK_EQ(cap_client_acquire(c, a, &p), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t id = 0; id < 2; id++) {
+      void *q = cap_client_tensor_ptr(c, id);
+      CHECK_EQ(cap_client_free(c, id), 0);
+      if (q)
+        fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    if (it == 1) {
+      CHECK_EQ(st.evictions, capped ? 0u : 1u);
+      CHECK_EQ(st.fallbacks, capped ? 1u : 0u);
+      CHECK_EQ(st.budget_waits, capped ? 0u : 1u);
+      if (capped)
+        CHECK(strstr(st.plan_note, "host pool cap") != NULL);
+    }
+    f.releases = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
+static void test_framework_make_room(void) { budget_and_host_cap(false); }
+static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
+
 static void test_framework_memory_at_access(void) { run(false); }
 static void test_framework_memory_acquire(void) { run(true); }
 
@@ -325,5 +388,7 @@ int main(void) {
   RUN_TEST(test_framework_memory_at_access);
   RUN_TEST(test_framework_memory_acquire);
   RUN_TEST(test_framework_op_run_and_diverged);
+  RUN_TEST(test_framework_make_room);
+  RUN_TEST(test_framework_host_pool_cap);
   return TEST_SUMMARY();
 }
