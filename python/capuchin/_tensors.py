@@ -59,8 +59,10 @@ class Tensors:
         self.on_free = on_free   # on_free(ident): forget adapter state of it
 
     def lookup(self, t):
-        st = self.by_ptr.get(storage_base(t))
-        if st is not None and getattr(t, "_cap_st", None) is not st:
+        off = t.storage_offset()
+        ptr = t.data_ptr() - off * t.element_size() if off else t.data_ptr()
+        st = self.by_ptr.get(ptr)
+        if st is not None and t.__dict__.get("_cap_st") is not st:
             self._track(t, st)
         return st
 

@@ -70,6 +70,23 @@ def parse_budget(budget):
 
 
 _DETACH = torch.ops.aten.detach.default
+_FUNC_INFO = {}  # op -> (name, consumes random numbers)
+_SEQ = (list, tuple)
+
+
+def _flatten(args, kwargs):
+    """The leaves of an op's arguments and how to rebuild them (None: the
+    leaves are the positional arguments, as for most ops; tree_flatten
+    costs several microseconds)."""
+    if not kwargs:
+        for a in args:
+            if isinstance(a, _SEQ) and any(isinstance(e, torch.Tensor) for e in a):
+                break
+            if isinstance(a, dict):
+                break
+        else:
+            return list(args), None
+    return tree_flatten((args, kwargs))
 
 
 def _run(func, args, kwargs):
@@ -409,8 +426,9 @@ class Manager:
     def _dispatch(self, func, args, kwargs):
         if self._internal or not self._in_step:
             return _run(func, args, kwargs)
-        self._flush_frees()
-        leaves, spec = tree_flatten((args, kwargs))
+        if self._tensors.pending_frees or self._saved.graveyard:
+            self._flush_frees()
+        leaves, spec = _flatten(args, kwargs)
         probe = self._probe
         in_ids = []
         rec_leaves = None if probe else list(leaves)
@@ -423,10 +441,12 @@ class Manager:
                     in_ids.append(tid)
                 if rec_leaves is not None:
                     rec_leaves[i] = _Ph(tid, meta_of(a))
-        name = str(func)
-        rng = None
-        if not probe and any(w in name for w in _RNG_WORDS):
-            rng = self._rng_state()
+        info = _FUNC_INFO.get(func)
+        if info is None:
+            name = str(func)
+            info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
+        name = info[0]
+        rng = self._rng_state() if info[1] and not probe else None
         if self._guided and not self._diverged:
             # PyTorch allocates the op's outputs: first let the swap-outs
             # in flight release what the budget needs (a budget wait).
@@ -441,7 +461,8 @@ class Manager:
         dur = time.perf_counter_ns() - t0
         out_ids = []
         out_pos = []
-        for o in tree_flatten(out)[0]:
+        outs = (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        for o in outs:
             if isinstance(o, torch.Tensor):
                 tid = self._id_of(o)
                 out_pos.append(tid)
@@ -514,7 +535,10 @@ class Manager:
                 if t is None:
                     return False
                 leaves[i] = t
-        args, kwargs = tree_unflatten(leaves, op.spec)
+        if op.spec is None:
+            args, kwargs = tuple(leaves), {}
+        else:
+            args, kwargs = tree_unflatten(leaves, op.spec)
         with torch.no_grad(), self._rng_as(op.rng):
             out = op.func(*args, **kwargs)
         dst_of = dict(zip(out_ids, out_addrs))
