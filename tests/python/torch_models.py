@@ -20,7 +20,7 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, ch=8, depth=10):
+    def __init__(self, ch=8, depth=16):
         super().__init__()
         self.stem = nn.Conv2d(3, ch, 3, padding=1)
         self.convs = nn.ModuleList(nn.Conv2d(ch, ch, 3, padding=1) for _ in range(depth))
