@@ -183,6 +183,8 @@ class Manager:
         self._peak_bytes = 0
         self._saved = SavedTensors(self)
         self._warned = set()
+        self._off = False           # no client: steps run unmanaged
+        self._stopped = False       # this step stopped reporting (an error)
 
     # --- the user's API ---------------------------------------------------
     @contextlib.contextmanager
@@ -190,6 +192,9 @@ class Manager:
         """One training iteration."""
         if self._in_step:
             raise RuntimeError("capuchin: steps do not nest")
+        if self._off:
+            yield self
+            return
         self._begin()
         ok = False
         try:
@@ -253,6 +258,7 @@ class Manager:
         self._probe = self._step_no == 1
         self._ops = []
         self._diverged = False
+        self._stopped = False
         self._saved.begin()
         self._t0 = time.perf_counter_ns()
         if self._probe:
@@ -274,6 +280,15 @@ class Manager:
             self.iterations.append(dict(iteration=1, mode="probe",
                                         time_ns=time.perf_counter_ns() - self._t0,
                                         peak_bytes=self._peak_bytes))
+            return
+        if self._stopped:
+            self._flush_frees()
+            self._disown_survivors()
+            st = self.client.end()
+            st["iteration"] = self._step_no
+            st["note"] = "stopped reporting: " + self._stop_reason
+            st["verify_mismatches"] = self._saved.take_mismatches()
+            self.iterations.append(st)
             return
         self._flush_frees()
         self._disown_survivors()
@@ -330,14 +345,19 @@ class Manager:
             self.host_pool_bytes = peak
         if self.host_pool_cap is None:
             self.host_pool_cap = 2 * peak
-        self.client = _client.Client(
-            job=self.job, budget=self.budget_bytes, socket=self.socket,
-            no_daemon=self.no_daemon, backend=backend,
-            connect_timeout_ms=self.connect_timeout_ms,
-            host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
-            release=self._saved.release, recompute=self._recompute,
-            compute_stream=stream, sim_gbps=self.sim_gbps,
-            host_pool_cap=self.host_pool_cap)
+        try:
+            self.client = _client.Client(
+                job=self.job, budget=self.budget_bytes, socket=self.socket,
+                no_daemon=self.no_daemon, backend=backend,
+                connect_timeout_ms=self.connect_timeout_ms,
+                host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
+                release=self._saved.release, recompute=self._recompute,
+                compute_stream=stream, sim_gbps=self.sim_gbps,
+                host_pool_cap=self.host_pool_cap)
+        except _client.Error as e:
+            self._off = True
+            self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
+            return
         # The probe's ids were its own: the storages that outlived it become
         # the client's persistent tensors now, before the measured step, so
         # that its profile holds them from its first op (gradients and
@@ -424,8 +444,32 @@ class Manager:
         return ident.id
 
     def _dispatch(self, func, args, kwargs):
-        if self._internal or not self._in_step:
+        if self._internal or not self._in_step or self._stopped:
             return _run(func, args, kwargs)
+        try:
+            return self._report(func, args, kwargs)
+        except _client.Error as e:
+            # The client refused something (a tensor it no longer knows, an
+            # op it cannot make resident): this step goes on unreported and
+            # unmanaged; what the plan had taken out still comes back at
+            # unpack. The op itself has not run yet unless it was reported.
+            self._stop(str(e))
+            if self._op_ran:
+                return self._op_out
+            return _run(func, args, kwargs)
+
+    def _stop(self, why):
+        self._stopped = True
+        self._stop_reason = why
+        self.warn_once("stopped", "step %d stopped reporting (%s); it runs unmanaged" % (
+            self._step_no, why))
+        try:
+            self.client.diverged()
+        except _client.Error:
+            pass
+
+    def _report(self, func, args, kwargs):
+        self._op_ran = False
         if self._tensors.pending_frees or self._saved.graveyard:
             self._flush_frees()
         leaves, spec = _flatten(args, kwargs)
@@ -456,6 +500,8 @@ class Manager:
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter_ns()
         out = _run(func, args, kwargs)
+        self._op_ran = True
+        self._op_out = out
         if cuda and not probe and not self._guided:
             torch.cuda.synchronize(self.device)
         dur = time.perf_counter_ns() - t0
