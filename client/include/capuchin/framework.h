@@ -26,9 +26,12 @@
  *   and cap_client_tensor_ptr return; it is ready in compute-stream order
  *   (cuda: the compute stream waits on the copy's event; sim: a host wait).
  *
- * Both callbacks run on the owner thread, from within op begin, op end,
- * cap_client_acquire, cap_client_poll, iteration begin/end and free; they
- * must not call back into the client except cap_client_tensor_ptr.
+ * Both callbacks run on the owner thread, from within the calls that move
+ * tensors or finish copies (op begin/end and op_run, cap_client_acquire,
+ * cap_client_make_room, cap_client_poll, iteration begin/end, free and
+ * destroy); they must not call back into the client except
+ * cap_client_tensor_ptr. release may name an id the framework has freed
+ * since (a copy out of it was still running): the address is what counts.
  * Budget: the client counts the bytes of adopted tensors that are on the
  * device as in use; a prefetch that would exceed the budget waits until
  * the back-access (then the framework's allocation is not refused).
