@@ -176,7 +176,10 @@ class Manager:
         self._tensors = Tensors(None)
         self._idents = {}           # client id -> Ident
         self._ops = []              # _Op of this iteration, by seq
-        self._last_sig = []         # (name, in_ids, out_ids) of the last one
+        self._plan_sig = []         # (name, in_ids, out_ids) of each op of the
+                                    # measured step, which the plan is for
+        self._diverged_run = 0      # guided steps in a row that left it
+        self.remeasured = 0         # times the job was measured again
         self._guided = False
         self._diverged = False
         self._live_bytes = 0
@@ -192,10 +195,12 @@ class Manager:
         """One training iteration."""
         if self._in_step:
             raise RuntimeError("capuchin: steps do not nest")
-        if self._off:
+        if not self._off:
+            self._begin()
+        if self._off:  # no client, or it could not be made again
+            self._in_step = False
             yield self
             return
-        self._begin()
         ok = False
         try:
             # Saved-tensor hooks in every reported step, guided or not: with
@@ -267,6 +272,10 @@ class Manager:
             self._probe_events = []  # (ident, +bytes at adoption / -bytes at free)
             self._guided = False
             return
+        if self._diverged_run >= 2:
+            self._remeasure()
+            if self.client is None:
+                return
         self._flush_frees()
         pv = self.client.begin()
         self._guided = pv > 0
@@ -307,9 +316,54 @@ class Manager:
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
         self.iterations.append(st)
-        self._last_sig = [(o.name, o.in_ids, o.out_ids) for o in self._ops]
+        if st["mode"] == "measured":
+            self._plan_sig = [(o.name, o.in_ids, o.out_ids) for o in self._ops]
+        if self._guided:
+            self._diverged_run = self._diverged_run + 1 if self._diverged else 0
         if st["mode"] == "measured" and self.plan_wait_s > 0:
             self.client.wait_plan(0, int(self.plan_wait_s * 1000))
+
+    def _new_client(self):
+        stream = 0
+        backend = "sim"
+        if self.device is not None and self.device.type == "cuda":
+            backend = "cuda"
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+        try:
+            return _client.Client(
+                job=self.job, budget=self.budget_bytes, socket=self.socket,
+                no_daemon=self.no_daemon, backend=backend,
+                connect_timeout_ms=self.connect_timeout_ms,
+                host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
+                release=self._saved.release, recompute=self._recompute,
+                compute_stream=stream, sim_gbps=self.sim_gbps,
+                host_pool_cap=self.host_pool_cap)
+        except _client.Error as e:
+            self._off = True
+            self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
+            return None
+
+    def _remeasure(self):
+        """The job no longer runs the iteration its plan was made for (two
+        guided steps in a row left it): a new client session measures the
+        next step, and the daemon plans that."""
+        self._flush_frees()
+        self.client.close()
+        self._saved.graveyard = []
+        persistent = {id(i): i for i in self._idents.values() if i.persistent}
+        self._idents = {}
+        self.client = self._new_client()
+        if self.client is None:
+            return
+        for ident in persistent.values():
+            live = [st for st in ident.storages if st.count > 0]
+            if not live:
+                continue
+            ident.id = self.client.adopt_persistent(ident.nbytes, live[0].ptr)
+            self._idents[ident.id] = ident
+        self._plan_sig = []
+        self._diverged_run = 0
+        self.remeasured += 1
 
     def _end_probe(self):
         """Turn the probe into the budget and the client's persistent tensors."""
@@ -336,27 +390,12 @@ class Manager:
             self.budget_bytes = self.persistent_bytes + int(peak * v)
         else:
             self.budget_bytes = v
-        stream = 0
-        backend = "sim"
-        if self.device is not None and self.device.type == "cuda":
-            backend = "cuda"
-            stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.host_pool_bytes is None:
             self.host_pool_bytes = peak
         if self.host_pool_cap is None:
             self.host_pool_cap = 2 * peak
-        try:
-            self.client = _client.Client(
-                job=self.job, budget=self.budget_bytes, socket=self.socket,
-                no_daemon=self.no_daemon, backend=backend,
-                connect_timeout_ms=self.connect_timeout_ms,
-                host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
-                release=self._saved.release, recompute=self._recompute,
-                compute_stream=stream, sim_gbps=self.sim_gbps,
-                host_pool_cap=self.host_pool_cap)
-        except _client.Error as e:
-            self._off = True
-            self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
+        self.client = self._new_client()
+        if self.client is None:
             return
         # The probe's ids were its own: the storages that outlived it become
         # the client's persistent tensors now, before the measured step, so
@@ -520,13 +559,12 @@ class Manager:
         in_t, out_t = tuple(in_ids), tuple(out_ids)
         self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng))
         if self._guided and not self._diverged and (
-                seq >= len(self._last_sig) or self._last_sig[seq] != (name, in_t, out_t)):
+                seq >= len(self._plan_sig) or self._plan_sig[seq] != (name, in_t, out_t)):
             self._diverged = True
             self._diverged_at = seq
             if os.environ.get("CAPUCHIN_DEBUG"):
                 print("capuchin: diverged at op", seq, (name, in_t, out_t), "was",
-                      self._last_sig[seq] if seq < len(self._last_sig) else None,
-                      "ops", [o[0] for o in self._last_sig[max(0, seq - 3):seq]])
+                      self._plan_sig[seq] if seq < len(self._plan_sig) else None)
             self.client.diverged()
         self.client.op(name, in_t, out_t, dur)
         return out

@@ -3,7 +3,8 @@
     test_torch_adapter.py budgets MODEL   100 %, 50 %, 30 %
     test_torch_adapter.py kill MODEL      the daemon killed mid-training
     test_torch_adapter.py nodaemon MODEL  no daemon at all
-    test_torch_adapter.py shapes MODEL    a smaller batch from iteration 4
+    test_torch_adapter.py shapes MODEL    a smaller batch from iteration 4 (detected,
+                                          measured again at 6, guided at 7)
     test_torch_adapter.py hostcap MODEL   a pinned host pool capped at 4 KiB
 
 Every scenario trains MODEL (torch_models.py) for ITERS iterations under
@@ -151,8 +152,10 @@ def scenario_shapes(model_name):
     check_common(model_name + " smaller batch at 4", mgr)
     its = mgr.iterations
     check("shapes: iteration 3 guided", its[2]["mode"] == "guided")
-    check("shapes: iteration 4 detected as diverged",
-          "diverged" in its[3]["note"] and its[3]["mode"] == "passive")
+    check("shapes: iterations 4 and 5 detected as diverged",
+          all("diverged" in it["note"] and it["mode"] == "passive" for it in its[3:5]))
+    check("shapes: measured again at 6, guided at 7",
+          mgr.remeasured == 1 and its[5]["mode"] == "measured" and its[6]["mode"] == "guided")
 
 
 def scenario_hostcap(model_name):
