@@ -116,6 +116,17 @@ class _Op:
         self.rng = rng            # RNG state the op ran with, or None
 
 
+class _Sig:
+    """What a step that cannot recompute keeps of an op: its signature."""
+
+    __slots__ = ("name", "in_ids", "out_ids")
+
+    def __init__(self, name, in_ids, out_ids):
+        self.name = name
+        self.in_ids = in_ids
+        self.out_ids = out_ids
+
+
 class _Ph:
     """A tensor argument of a recorded op: its id and its view."""
 
@@ -514,7 +525,9 @@ class Manager:
         leaves, spec = _flatten(args, kwargs)
         probe = self._probe
         in_ids = []
-        rec_leaves = None if probe else list(leaves)
+        # Only a guided step can recompute: only it records each op's
+        # arguments for a replay.
+        rec_leaves = list(leaves) if self._guided else None
         for i, a in enumerate(leaves):
             if isinstance(a, torch.Tensor):
                 tid = self._id_of(a)
@@ -529,7 +542,7 @@ class Manager:
             name = str(func)
             info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
         name = info[0]
-        rng = self._rng_state() if info[1] and not probe else None
+        rng = self._rng_state() if info[1] and self._guided else None
         if self._guided and not self._diverged:
             # PyTorch allocates the op's outputs: first let the swap-outs
             # in flight release what the budget needs (a budget wait).
@@ -557,7 +570,8 @@ class Manager:
             return out
         seq = len(self._ops)
         in_t, out_t = tuple(in_ids), tuple(out_ids)
-        self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng))
+        self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
+                         if self._guided else _Sig(name, in_t, out_t))
         if self._guided and not self._diverged and (
                 seq >= len(self._plan_sig) or self._plan_sig[seq] != (name, in_t, out_t)):
             self._diverged = True
@@ -609,7 +623,7 @@ class Manager:
         if seq >= len(self._ops):
             return False
         op = self._ops[seq]
-        if op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
+        if not isinstance(op, _Op) or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
             return False
         addr_of = dict(zip(in_ids, in_addrs))
         leaves = list(op.leaves)

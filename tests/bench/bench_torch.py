@@ -48,24 +48,34 @@ def pct(v, p):
     return v[min(len(v) - 1, int(p / 100.0 * len(v)))]
 
 
-def bench_ops(n):
+def bench_ops(n, sock):
     x, y = torch.zeros(16), torch.ones(16)
     with Empty():
         per_op_ns(n // 10, x, y)  # warm up
         base = per_op_ns(n, x, y)
-    mgr = capuchin.Manager(budget="100%", job="bench-ops", no_daemon=True)
-    with mgr.step():  # the probe
-        x.add_(y)
-    with mgr.step():
-        per_op_ns(n // 10, x, y)
-        managed = per_op_ns(n, x, y)
-    mgr.close()
-    bm, bp = statistics.median(base), pct(base, 99)
-    mm, mp = statistics.median(managed), pct(managed, 99)
+    rows = [("empty TorchDispatchMode", base)]
+    # Passive (no daemon: ops reported, nothing recorded for recompute) and,
+    # with a daemon, guided (each op's arguments recorded for a replay).
+    for label, kw in (("capuchin step, passive", dict(no_daemon=True)),
+                      ("capuchin step, guided", dict(socket=sock, plan_wait_s=20))):
+        if "socket" in kw and not sock:
+            continue
+        mgr = capuchin.Manager(budget="100%", job="bench-ops", **kw)
+        for _ in range(2 if "socket" in kw else 1):  # the probe (and the measured step)
+            with mgr.step():
+                per_op_ns(n // 10 + n, x, y)
+        with mgr.step():
+            per_op_ns(n // 10, x, y)
+            ts = per_op_ns(n, x, y)
+        rows.append(("%s (%s)" % (label, mgr.iterations[-1]["mode"]), ts))
+        mgr.close()
     print("per op (%d ops of aten.add_ on 16 floats, this machine):" % n)
-    print("  empty TorchDispatchMode   median %6.2f us  p99 %6.2f us" % (bm / 1e3, bp / 1e3))
-    print("  capuchin step             median %6.2f us  p99 %6.2f us" % (mm / 1e3, mp / 1e3))
-    print("  adapter's own cost        median %6.2f us  p99 %6.2f us" % ((mm - bm) / 1e3, (mp - bp) / 1e3))
+    bm, bp = statistics.median(base), pct(base, 99)
+    for label, ts in rows:
+        m, p = statistics.median(ts), pct(ts, 99)
+        extra = "" if ts is base else "   adapter: median %5.2f us  p99 %6.2f us" % (
+            (m - bm) / 1e3, (p - bp) / 1e3)
+        print("  %-40s median %5.2f us  p99 %6.2f us%s" % (label, m / 1e3, p / 1e3, extra))
 
 
 def bench_budgets(model, iters, sock, gbps):
@@ -107,7 +117,6 @@ def main():
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--sim-gbps", type=float, default=0.05)
     a = ap.parse_args()
-    bench_ops(a.ops)
     sock = os.environ.get("CAPUCHIN_SOCKET")
     proc = None
     tmp = tempfile.mkdtemp()
@@ -120,6 +129,7 @@ def main():
                 break
             time.sleep(0.05)
     try:
+        bench_ops(a.ops, sock)
         if sock:
             bench_budgets(a.model, a.iters, sock, a.sim_gbps)
         else:
