@@ -118,6 +118,10 @@ int cap_client_make_room(cap_client_t *c) {
   return 1;
 }
 
+cap_mode_t cap_client_mode(cap_client_t *c) {
+  return c ? c->mode : CAP_MODE_PASSIVE;
+}
+
 int cap_client_poll(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;

@@ -192,6 +192,7 @@ class Manager:
         self._diverged_run = 0      # guided steps in a row that left it
         self.remeasured = 0         # times the job was measured again
         self._guided = False
+        self._mode = "probe"
         self._diverged = False
         self._live_bytes = 0
         self._peak_bytes = 0
@@ -282,14 +283,15 @@ class Manager:
             self._peak_bytes = 0
             self._probe_events = []  # (ident, +bytes at adoption / -bytes at free)
             self._guided = False
+            self._mode = "probe"
             return
         if self._diverged_run >= 2:
             self._remeasure()
             if self.client is None:
                 return
         self._flush_frees()
-        pv = self.client.begin()
-        self._guided = pv > 0
+        self._mode = self.client.begin()
+        self._guided = self._mode == "guided"
 
     def _end(self, ok):
         self._in_step = False
@@ -321,6 +323,10 @@ class Manager:
         if s.get("daemon_message"):
             notes.append(s["daemon_message"])
         st["note"] = "; ".join(notes)
+        if "which the framework owns" in st["note"]:
+            self.warn_once("persistent", "the plan evicts weights or optimizer state, "
+                           "which stay on the device (run capuchind with "
+                           "--evict-persistent no for plans without)")
         if "host pool cap" in st["note"]:
             self.warn_once("hostcap", "the pinned host pool's cap (%d bytes) was reached: "
                            "tensors it could not take stayed on the device" % self.host_pool_cap)
@@ -547,14 +553,17 @@ class Manager:
             # PyTorch allocates the op's outputs: first let the swap-outs
             # in flight release what the budget needs (a budget wait).
             self.client.make_room()
-        cuda = self.device is not None and self.device.type == "cuda"
-        if cuda and not probe and not self._guided:
+        # A measured op's time on a GPU is its kernels': the host waits for
+        # them (only in the measured step; the others are not timed).
+        sync = (self._mode == "measured" and self.device is not None and
+                self.device.type == "cuda")
+        if sync:
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter_ns()
         out = _run(func, args, kwargs)
         self._op_ran = True
         self._op_out = out
-        if cuda and not probe and not self._guided:
+        if sync:
             torch.cuda.synchronize(self.device)
         dur = time.perf_counter_ns() - t0
         out_ids = []

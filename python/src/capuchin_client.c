@@ -406,10 +406,7 @@ static PyObject *Client_begin(ClientObject *self, PyObject *unused) {
     PyErr_Clear();
   if (rc < 0)
     return raise_rc(self, rc);
-  /* The plan in force for this iteration (0: none, not guided). */
-  cap_client_stats_t st;
-  cap_client_get_stats(self->c, &st);
-  return PyLong_FromUnsignedLong(st.plan_version);
+  return PyUnicode_FromString(cap_mode_name(cap_client_mode(self->c)));
 }
 
 static PyObject *Client_diverged(ClientObject *self, PyObject *unused) {
@@ -501,7 +498,7 @@ static PyMethodDef Client_methods[] = {
     {"make_room", (PyCFunction)Client_make_room, METH_NOARGS,
      "make_room() -> bool: wait for swap-outs while over the budget"},
     {"begin", (PyCFunction)Client_begin, METH_NOARGS,
-     "iteration begin -> the plan version in force (0: none)"},
+     "iteration begin -> its mode: 'measured', 'guided' or 'passive'"},
     {"end", (PyCFunction)Client_end, METH_NOARGS, "iteration end -> dict"},
     {"diverged", (PyCFunction)Client_diverged, METH_NOARGS,
      "the iteration left the plan's op sequence"},

@@ -115,6 +115,10 @@ CAP_EXTERN int cap_client_diverged(cap_client_t *c);
  * swap-out is left to wait for. */
 CAP_EXTERN int cap_client_make_room(cap_client_t *c);
 
+/* The mode of the iteration in progress (the last one between iterations):
+ * a framework that times ops more carefully while they are measured. */
+CAP_EXTERN cap_mode_t cap_client_mode(cap_client_t *c);
+
 /* Collect the copies that have finished (calling release for the device
  * memory swap-outs no longer read). Returns the number still running.
  * Op end and iteration begin/end do this too. */

@@ -273,8 +273,11 @@ static void test_framework_op_run_and_diverged(void) {
     if (it == 1) /* after an iteration the plan's tensors exist */
       REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
-    if (it == 2)
+    CHECK_EQ(cap_client_mode(c), it == 0 ? CAP_MODE_PASSIVE : CAP_MODE_GUIDED);
+    if (it == 2) {
       CHECK_EQ(cap_client_diverged(c), 0);
+      CHECK_EQ(cap_client_mode(c), CAP_MODE_PASSIVE);
+    }
     uint32_t a, b;
     uint8_t *pa = fw_new(&f, N);
     REQUIRE(pa);
