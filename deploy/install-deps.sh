@@ -9,6 +9,7 @@ packages=(
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   sqlite3 procps             # tests inspect the database and processes
   python3                    # test_query parses the JSON, CSV and SVG output
+  python3-dev python3-torch  # the PyTorch adapter (python/) and its tests
   chromium                   # the timeline SVG test renders it headless
 )
 

@@ -276,6 +276,7 @@ int cap_client_declare(cap_client_t *c, uint64_t bytes, uint32_t *id) {
   t->bytes = bytes;
   t->kind = CAP_KIND_ACTIVATION;
   t->persistent = 0;
+  t->framework = 0; /* cap_client_adopt marks it */
   t->state = CAP__T_DECLARED;
   t->n_access = 0;
   t->out_action = CAP_NONE;

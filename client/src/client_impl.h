@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "capuchin/client.h"
+#include "capuchin/framework.h"
 #include "capuchin/plan.h"
 #include "capuchin/planner.h"
 
@@ -105,7 +106,10 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p);
  * can move: take an arena of just this size past the budget's arenas. */
 int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p);
 void cap__dev_free(cap__dev_t *d, void *p);
-uint64_t cap__dev_in_use(cap__dev_t *d);
+uint64_t cap__dev_in_use(cap__dev_t *d); /* framework-owned bytes included */
+/* Count `bytes` of framework-owned tensor memory in (add) or out of the
+ * bytes in use (model 2: the client tracks them, the framework holds them). */
+void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add);
 /* Device memory the job holds: its arenas, in use or not. */
 uint64_t cap__dev_held(cap__dev_t *d);
 /* Give the arenas nothing is allocated in back to the device; returns the
@@ -169,6 +173,8 @@ typedef struct cap__tensor {
   uint8_t state;
   uint8_t persistent;
   uint8_t pinned;      /* used by the op being begun: not evictable */
+  uint8_t framework;   /* its device memory is the framework's (model 2,
+                          tensor_mem.c), not the client's allocator's */
   uint32_t n_access;   /* accesses so far this iteration */
   uint32_t out_action; /* action of the eviction in force, CAP_NONE passive */
   uint32_t back_access;/* access that brings it back (feedback) */
@@ -193,6 +199,10 @@ typedef struct cap__retire {
   uint64_t host_bytes;
   uint32_t tensor; /* tensor whose state moves OUT->HOST on completion, or
                       CAP_NONE */
+  uint32_t dev_of; /* tensor whose framework-owned memory dev is (handed
+                      back through the release callback), CAP_NONE: dev is
+                      the client allocator's */
+  uint64_t dev_bytes; /* its size, when dev_of is set */
 } cap__retire_t;
 
 /* --- Executor: plan index (executor.c) ------------------------------------ */
@@ -334,6 +344,11 @@ struct cap_client {
   uint32_t n_fb, cap_fb;
   cap_recompute_fn recompute;
   void *recompute_user;
+  /* Model 2 (capuchin/framework.h): the framework allocates and frees the
+   * memory of the tensors it adopted; NULL alloc: none adopted yet. */
+  cap_framework_alloc_fn fw_alloc;
+  cap_framework_release_fn fw_release;
+  void *fw_user;
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */
@@ -426,7 +441,7 @@ int cap__release_tensor(cap_client_t *c, uint32_t id);
  * a finished swap-out moves its tensor to HOST (a failed one back to the
  * device). */
 int cap__retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
-                     uint64_t host_bytes, uint32_t tensor);
+                     uint64_t host_bytes, uint32_t tensor, uint32_t dev_of);
 void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status);
 /* Release what finished copies hold (wait_all: wait for every copy). */
 void cap__reap(cap_client_t *c, bool wait_all);
@@ -448,6 +463,14 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
 void cap__put_budget(cap_client_t *c, uint64_t budget);
 /* Record the device bytes in use now in the iteration's and job's peaks. */
 void cap__note_peak(cap_client_t *c);
+
+/* tensor_mem.c: the device memory of tensor id, whoever owns it: the
+ * client's budgeted allocator (may_evict as cap__alloc_for), or the
+ * framework's allocation callback for a framework-owned tensor. Free
+ * returns it the same way (a framework-owned pointer goes back through the
+ * release callback). */
+int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
+void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
  * room); make tensor id usable by the op being begun (is_output: the op

@@ -26,6 +26,10 @@ struct cap__dev {
   bool verify_full;
   uint32_t fault_alloc_nth; /* fail the nth allocation from now (tests) */
   bool fault_alloc_sticky;  /* ... and every one after it */
+  bool no_arena;            /* the framework owns tensor memory (model 2):
+                               take no budget-sized arena up front */
+  uint64_t framework_bytes; /* device bytes of framework-owned tensors the
+                               client tracks (counted in in_use) */
 };
 
 /* The executor's event: the backend event recorded after the copy. */
@@ -49,6 +53,7 @@ int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
   cap__dev_t *d = calloc(1, sizeof *d);
   if (!d)
     return CAP_ENOMEM;
+  d->no_arena = cfg->framework_memory;
   int rc = cap_backend_create(&bc, &d->b);
   if (rc < 0) {
     snprintf(err, err_len, "backend %s: %s",
@@ -70,6 +75,7 @@ int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
     goto out_backend;
   cap_bfc_config_t hc;
   cap_bfc_config_init(&hc);
+  hc.budget_bytes = cfg->host_pool_cap_bytes; /* 0: unlimited */
   cap_bfc_source_t hsrc;
   cap_backend_host_source(d->b, &hsrc);
   rc = cap_bfc_create(&hc, &hsrc, &d->host_bfc);
@@ -133,7 +139,7 @@ int cap__dev_set_budget(cap__dev_t *d, uint64_t bytes) {
   /* Take the budget's arena now and touch it once, so that the measured
    * iteration's op times are not inflated by first-touch page faults (sim)
    * or cudaMalloc calls (cuda). Best effort: failure leaves growth lazy. */
-  if (!whole) {
+  if (!whole && !d->no_arena) {
     cap_bfc_stats_t st;
     cap_bfc_stats(d->dev_bfc, &st);
     if (st.arena_bytes < bytes && bytes - st.in_use_bytes > (64u << 20)) {
@@ -165,6 +171,9 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
       d->fault_alloc_nth = 1;
     return CAP_ENOMEM; /* injected */
   }
+  /* The budget covers framework-owned tensors too (both models at once). */
+  if (d->framework_bytes && !cap__dev_budget_has_room(d, bytes))
+    return CAP_EBUDGET;
   return cap_bfc_alloc(d->dev_bfc, bytes ? bytes : 1, p);
 }
 
@@ -180,7 +189,14 @@ void cap__dev_free(cap__dev_t *d, void *p) {
 uint64_t cap__dev_in_use(cap__dev_t *d) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
-  return st.in_use_bytes;
+  return st.in_use_bytes + d->framework_bytes;
+}
+
+void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add) {
+  if (add)
+    d->framework_bytes += bytes;
+  else
+    d->framework_bytes -= bytes <= d->framework_bytes ? bytes : d->framework_bytes;
 }
 
 uint64_t cap__dev_held(cap__dev_t *d) {
@@ -202,7 +218,8 @@ bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
   uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
-  return !st.budget_bytes || st.in_use_bytes + rounded <= st.budget_bytes;
+  return !st.budget_bytes ||
+         st.in_use_bytes + d->framework_bytes + rounded <= st.budget_bytes;
 }
 
 int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,

@@ -29,13 +29,14 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
     cap__ev_release(c->dev, ev);
     if (rc < 0)
       goto out_free_host;
-    cap__dev_free(c->dev, t->dev);
+    cap__tmem_free(c, id, t->dev);
     t->dev = NULL;
     t->host = host;
     t->state = CAP__T_HOST;
     atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   } else {
-    rc = cap__retire_push(c, ev, t->dev, NULL, 0, id);
+    rc = cap__retire_push(c, ev, t->dev, NULL, 0, id,
+                          t->framework ? id : CAP_NONE);
     if (rc < 0) {
       cap__ev_sync(c->dev, ev);
       cap__ev_release(c->dev, ev);

@@ -176,8 +176,19 @@ int cap__op_end(cap_client_t *c) {
       continue;
     uint32_t ai = s->evict;
     const cap_action_t *a = &c->x.plan->actions[ai];
+    if (t->framework && t->persistent) {
+      /* The framework cannot give up a weight's memory (framework.h):
+       * kept on the device, carried out as a fallback. */
+      c->it.fallbacks++;
+      atomic_fetch_add(&c->ctr.fallbacks, 1);
+      if (!c->it.plan_note[0])
+        snprintf(c->it.plan_note, sizeof c->it.plan_note,
+                 "action %u evicts persistent tensor %u, which the framework "
+                 "owns: kept on the device", ai, id);
+      continue;
+    }
     if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {
-      cap__dev_free(c->dev, t->dev);
+      cap__tmem_free(c, id, t->dev);
       t->dev = NULL;
       t->state = cap_action_is_release(a) ? CAP__T_RELEASED : CAP__T_DROPPED;
       t->out_action = ai;
@@ -185,10 +196,19 @@ int cap__op_end(cap_client_t *c) {
       c->it.evictions++;
       atomic_fetch_add(&c->ctr.evictions, 1);
       atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
-    } else if (cap__swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0) < 0) {
-      /* No pinned memory or the copy refused: keep it on the device. */
-      c->it.fallbacks++;
-      atomic_fetch_add(&c->ctr.fallbacks, 1);
+    } else {
+      int rc = cap__swap_out(c, id, ai, (a->flags & CAP_ACTION_SYNC_OUT) != 0);
+      if (rc < 0) {
+        /* No pinned memory (the pool's cap) or the copy refused: keep it
+         * on the device. */
+        c->it.fallbacks++;
+        atomic_fetch_add(&c->ctr.fallbacks, 1);
+        if (!c->it.plan_note[0])
+          snprintf(c->it.plan_note, sizeof c->it.plan_note,
+                   "swap-out of tensor %u kept on the device: %s%s", id,
+                   cap_strerror(rc),
+                   rc == CAP_EBUDGET ? " (host pool cap)" : "");
+      }
     }
   }
   if (c->n_retire)
@@ -201,7 +221,9 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
   switch (t->state) {
   case CAP__T_DEVICE:
   case CAP__T_LOST:
-    if (t->dev)
+    if (t->dev && t->framework) /* the framework frees its own memory */
+      cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, false);
+    else if (t->dev)
       cap__dev_free(c->dev, t->dev);
     break;
   case CAP__T_OUT: {
@@ -217,10 +239,11 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
     cap__host_free(c->dev, t->host, t->bytes);
     break;
   case CAP__T_IN:
-    if (cap__retire_push(c, t->ev, t->dev, t->host, t->bytes, CAP_NONE) < 0) {
+    if (cap__retire_push(c, t->ev, t->dev, t->host, t->bytes, CAP_NONE,
+                         t->framework ? id : CAP_NONE) < 0) {
       cap__ev_sync(c->dev, t->ev);
       cap__ev_release(c->dev, t->ev);
-      cap__dev_free(c->dev, t->dev);
+      cap__tmem_free(c, id, t->dev);
       cap__host_free(c->dev, t->host, t->bytes);
     }
     break;

@@ -128,7 +128,7 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
       continue;
     }
     void *p = NULL;
-    int rc = cap__alloc_for(c, u->bytes ? u->bytes : 1, &p, true);
+    int rc = cap__tmem_alloc(c, tid, &p, true);
     if (rc < 0)
       return rc;
     ptrs[j] = p;
@@ -137,7 +137,7 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
        * tensor of the segment), filled by the callback */
       rc = push_u32(&r->restored, &r->n_restored, &r->cap_restored, tid);
       if (rc < 0) {
-        cap__dev_free(c->dev, p);
+        cap__tmem_free(c, tid, p);
         return rc;
       }
       u->dev = p;
@@ -147,7 +147,7 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
       pinned[j] = 1;
     } else if ((rc = push_temp(r, tid, p)) < 0) {
       /* the live tensor, if any, is not touched */
-      cap__dev_free(c->dev, p);
+      cap__tmem_free(c, tid, p);
       return rc;
     }
   }
@@ -222,11 +222,11 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
     rc = CAP_ERECOMPUTE;
   }
   for (uint32_t i = 0; i < r.n_temps; i++)
-    cap__dev_free(c->dev, r.temps[i].ptr);
+    cap__tmem_free(c, r.temps[i].id, r.temps[i].ptr);
   for (uint32_t i = 0; i < r.n_restored && rc < 0; i++) {
     cap__tensor_t *u = &c->tensors[r.restored[i]];
     if (u->state == CAP__T_DEVICE) {
-      cap__dev_free(c->dev, u->dev);
+      cap__tmem_free(c, r.restored[i], u->dev);
       u->dev = NULL;
       u->state = CAP__T_DROPPED;
     }

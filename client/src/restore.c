@@ -16,12 +16,12 @@ int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
   cap__tensor_t *t = &c->tensors[id];
   void *dev = NULL;
   cap__ev_t *ev = NULL;
-  int rc = cap__alloc_for(c, t->bytes, &dev, may_evict);
+  int rc = cap__tmem_alloc(c, id, &dev, may_evict);
   if (rc < 0)
     return rc;
   rc = cap__copy_h2d(c->dev, dev, t->host, t->bytes, &ev);
   if (rc < 0) {
-    cap__dev_free(c->dev, dev);
+    cap__tmem_free(c, id, dev);
     return rc;
   }
   t->dev = dev;
@@ -79,7 +79,7 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
       cap__ev_release(c->dev, ev);
     }
     if (rc < 0) {
-      cap__dev_free(c->dev, t->dev);
+      cap__tmem_free(c, id, t->dev);
       t->dev = NULL;
       t->state = CAP__T_HOST;
       cap__set_error(c, "tensor %u: copy to the device failed twice", id);
@@ -89,7 +89,8 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
     atomic_fetch_add(&c->ctr.fallbacks, 1);
     t->ev = NULL;
     cap__host_free(c->dev, t->host, t->bytes);
-  } else if (cap__retire_push(c, t->ev, NULL, t->host, t->bytes, CAP_NONE) < 0) {
+  } else if (cap__retire_push(c, t->ev, NULL, t->host, t->bytes, CAP_NONE,
+                              CAP_NONE) < 0) {
     cap__ev_sync(c->dev, t->ev);
     cap__ev_release(c->dev, t->ev);
     cap__host_free(c->dev, t->host, t->bytes);
@@ -145,7 +146,7 @@ static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
   case CAP__T_DECLARED:
   case CAP__T_LOST: {
     void *p = NULL;
-    rc = cap__alloc_for(c, t->bytes ? t->bytes : 1, &p, true);
+    rc = cap__tmem_alloc(c, id, &p, true);
     if (rc < 0)
       return rc;
     t->dev = p;

@@ -11,7 +11,7 @@
 #include "client_impl.h"
 
 int cap__retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
-                       uint64_t host_bytes, uint32_t tensor) {
+                     uint64_t host_bytes, uint32_t tensor, uint32_t dev_of) {
   if (c->n_retire == c->cap_retire) {
     uint32_t n = c->cap_retire ? c->cap_retire * 2 : 64;
     cap__retire_t *r = realloc(c->retire, (size_t)n * sizeof *r);
@@ -20,9 +20,26 @@ int cap__retire_push(cap_client_t *c, cap__ev_t *ev, void *dev, void *host,
     c->retire = r;
     c->cap_retire = n;
   }
+  uint64_t dev_bytes = 0;
+  if (dev_of != CAP_NONE)
+    dev_bytes = c->tensors[dev_of].bytes ? c->tensors[dev_of].bytes : 1;
   c->retire[c->n_retire++] =
-      (cap__retire_t){ev, dev, host, host_bytes, tensor};
+      (cap__retire_t){ev, dev, host, host_bytes, tensor, dev_of, dev_bytes};
   return 0;
+}
+
+/* The device memory a finished copy held goes back to its owner: the
+ * client's allocator, or the framework through its release callback (by
+ * then the tensor's id may name another tensor: the size was kept). */
+static void release_dev(cap_client_t *c, cap__retire_t *r) {
+  if (!r->dev)
+    return;
+  if (r->dev_of == CAP_NONE) {
+    cap__dev_free(c->dev, r->dev);
+    return;
+  }
+  cap__dev_track_framework(c->dev, r->dev_bytes, false);
+  c->fw_release(c->fw_user, r->dev_of, r->dev, r->dev_bytes);
 }
 
 void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
@@ -32,7 +49,7 @@ void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
     cap__tensor_t *t = &c->tensors[r->tensor];
     if (status >= 0) {
       t->state = CAP__T_HOST;
-      cap__dev_free(c->dev, r->dev);
+      release_dev(c, r);
       t->dev = NULL;
     } else {
       t->state = CAP__T_DEVICE;
@@ -43,8 +60,7 @@ void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
     }
     atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));
   } else {
-    if (r->dev)
-      cap__dev_free(c->dev, r->dev);
+    release_dev(c, r);
     if (r->host)
       cap__host_free(c->dev, r->host, r->host_bytes);
   }

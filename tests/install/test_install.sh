@@ -51,7 +51,7 @@ check "no static or internal library installed" \
 
 # The public headers: exactly these, each self-contained.
 headers=$(cd "$prefix/include/capuchin" && ls)
-check "headers: $(echo $headers)" test "$(echo $headers)" = "client.h error.h extern.h types.h"
+check "headers: $(echo $headers)" test "$(echo $headers)" = "client.h error.h extern.h framework.h types.h"
 for h in $headers; do
   check "<capuchin/$h> compiles alone (C11)" \
     "$cc" "${flags[@]}" -fsyntax-only -I"$prefix/include" -x c - \
@@ -97,5 +97,23 @@ check "consumer (pkg-config) against the installed capuchind" "$tmp/consumer-pc"
 check "consumer (CMake) against the installed capuchind" "$tmp/consumer-cmake/consumer" "$tmp/d.sock"
 check "capuchin-query lists the consumer's job" \
   bash -c '"$0" --db "$1" jobs | grep -q install-consumer' "$prefix/bin/capuchin-query" "$tmp/d.db"
+
+# The PyTorch adapter, where the build has it (Python 3 headers found): the
+# installed package imports from the prefix and its extension loads the
+# prefix's library.
+if [ -n "${CAP_PYTHON:-}" ]; then
+  pkg=$(find "$prefix" -type d -name capuchin -path '*-packages/*' | head -n 1)
+  check "python package installed (${pkg#"$prefix"/})" test -n "$pkg" -a -f "$pkg/__init__.py"
+  if [ -n "$pkg" ]; then
+    check "import capuchin._client from the prefix loads the prefix's library" \
+      bash -c 'ldd "$(ls "$1"/_client*.so)" | grep -q "libcapuchin-client.so.0 => $2/" &&
+               PYTHONPATH="$(dirname "$1")" "$0" -c "import capuchin._client as c; print(c.socket_path(\"/x\"))" |
+               grep -qx /x' "$CAP_PYTHON" "$pkg" "$libdir"
+    if "$CAP_PYTHON" -c "import torch" 2>/dev/null; then
+      check "import capuchin (with torch) from the prefix" \
+        env PYTHONPATH="$(dirname "$pkg")" "$CAP_PYTHON" -c "import capuchin; capuchin.Manager(budget='50%')"
+    fi
+  fi
+fi
 [ $fail -eq 0 ] || { echo "capuchind log:"; tail -n 20 "$tmp/d.log"; }
 exit $fail

@@ -22,7 +22,8 @@
  * stream waits on the copy's event, no host wait).
  *
  * Memory. Two ownership models share the executor (DESIGN.md, "Two ways a
- * framework holds memory"); this API serves the first: the client owns the
+ * framework holds memory"); this API serves the first (capuchin/framework.h
+ * adds the second, where the framework owns it): the client owns the
  * device memory of every tensor it knows, allocating it from a budgeted
  * best-fit allocator. Addresses may change whenever a tensor leaves the
  * device and comes back; only the pointers op begin returns are valid, until
@@ -94,6 +95,12 @@ typedef struct cap_client_config {
   uint32_t reconnect_ms;    /* delay between reconnection attempts (200) */
   uint32_t connect_timeout_ms; /* first connection wait at create (1000);
                                   the job starts passive if it fails */
+  uint64_t host_pool_cap_bytes; /* the most pinned host memory swaps may
+                                   hold (0: no cap); a swap-out that does
+                                   not fit keeps its tensor on the device */
+  bool framework_memory;    /* the framework owns the tensors' device memory
+                               (capuchin/framework.h): take no budget-sized
+                               arena at create */
 } cap_client_config_t;
 
 /* Fill cfg with the defaults above. */

@@ -1,0 +1,169 @@
+/*
+ * The API of framework-owned memory (capuchin/framework.h): adopting the
+ * framework's tensors, and bringing one back outside an op for a
+ * saved-tensor unpack hook. The executor does the rest unchanged.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+int cap_client_set_framework_memory(cap_client_t *c,
+                                    cap_framework_alloc_fn alloc,
+                                    cap_framework_release_fn release,
+                                    void *user) {
+  if (!c || !alloc || !release)
+    return CAP_EINVAL;
+  c->fw_alloc = alloc;
+  c->fw_release = release;
+  c->fw_user = user;
+  return 0;
+}
+
+/* The tensor is on the device at the framework's dev. */
+static void adopt(cap_client_t *c, uint32_t id, void *dev) {
+  cap__tensor_t *t = &c->tensors[id];
+  t->framework = 1;
+  t->dev = dev;
+  t->state = CAP__T_DEVICE;
+  t->lru = ++c->tick;
+  cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
+  cap__note_peak(c);
+}
+
+int cap_client_adopt(cap_client_t *c, uint64_t bytes, void *dev,
+                     uint32_t *id) {
+  if (!c || !dev || !id)
+    return CAP_EINVAL;
+  if (!c->fw_alloc) {
+    cap__set_error(c, "adopt: no framework memory callbacks");
+    return CAP_ESTATE;
+  }
+  uint32_t i;
+  int rc = cap_client_declare(c, bytes, &i);
+  if (rc < 0)
+    return rc;
+  adopt(c, i, dev);
+  *id = i;
+  return 0;
+}
+
+int cap_client_adopt_persistent(cap_client_t *c, uint64_t bytes,
+                                cap_tensor_kind_t kind, void *dev,
+                                uint32_t *id) {
+  if (!c || !dev || !id || (kind != CAP_KIND_PARAM && kind != CAP_KIND_INPUT) ||
+      c->op_open)
+    return CAP_EINVAL;
+  if (!c->fw_alloc) {
+    cap__set_error(c, "adopt: no framework memory callbacks");
+    return CAP_ESTATE;
+  }
+  if (c->n_tensors >= (1u << 31))
+    return CAP_ERANGE;
+  int rc = cap__tensor_grow(c, c->n_tensors + 1);
+  if (rc < 0)
+    return rc;
+  uint32_t i = c->n_tensors++;
+  cap__tensor_t *t = &c->tensors[i];
+  memset(t, 0, sizeof *t);
+  t->out_action = CAP_NONE;
+  t->bytes = bytes;
+  t->kind = (uint8_t)kind;
+  t->persistent = 1;
+  adopt(c, i, dev);
+  c->persistent_bytes += bytes;
+  atomic_store(&c->ctr.persistent_bytes, c->persistent_bytes);
+  if (c->recording)
+    cap__decl_upto(c, i);
+  *id = i;
+  return 0;
+}
+
+int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev) {
+  if (!c || !dev)
+    return CAP_EINVAL;
+  if (c->op_open) {
+    cap__set_error(c, "acquire inside an op");
+    return CAP_ESTATE;
+  }
+  if (id >= c->n_tensors || c->tensors[id].state == CAP__T_UNUSED) {
+    cap__set_error(c, "acquire: tensor %u is not live", id);
+    return CAP_EINVAL;
+  }
+  cap__tensor_t *t = &c->tensors[id];
+  if (t->state != CAP__T_DEVICE) {
+    /* Named in the errors of the restore, as an op would be. */
+    c->op_name = "acquire";
+    t->pinned++;
+    int rc = cap__ensure_resident(c, id, false);
+    t->pinned--;
+    if (rc < 0)
+      return rc;
+  }
+  *dev = t->dev;
+  return 0;
+}
+
+int cap_client_make_room(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  while (cap__dev_in_use(c->dev) > c->budget_bytes) {
+    if (c->n_retire)
+      cap__reap(c, false);
+    if (cap__dev_in_use(c->dev) <= c->budget_bytes)
+      break;
+    if (!cap__retire_wait_one(c))
+      return 0;
+  }
+  return 1;
+}
+
+cap_mode_t cap_client_mode(cap_client_t *c) {
+  return c ? c->mode : CAP_MODE_PASSIVE;
+}
+
+int cap_client_poll(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  if (c->n_retire)
+    cap__reap(c, false);
+  return (int)c->n_retire;
+}
+
+int cap_client_tensor_resident(cap_client_t *c, uint32_t id) {
+  if (!c || id >= c->n_tensors || c->tensors[id].state == CAP__T_UNUSED)
+    return CAP_EINVAL;
+  return c->tensors[id].state == CAP__T_DEVICE;
+}
+
+int cap_client_op_run(cap_client_t *c, const char *name, const uint32_t *in,
+                      uint32_t n_in, const uint32_t *out, uint32_t n_out,
+                      int64_t duration_ns) {
+  if (!c || duration_ns < 0)
+    return CAP_EINVAL;
+  int rc = cap_client_op_begin(c, name, in, n_in, out, n_out, NULL, NULL);
+  if (rc < 0)
+    return rc;
+  /* The op ran before it was reported; it cannot have started before the
+   * iteration did. */
+  int64_t start = cap__now_ns(c->dev) - duration_ns;
+  c->op_start_ns = start > c->iter_start_ns ? start : c->iter_start_ns;
+  return cap__op_end(c);
+}
+
+int cap_client_diverged(cap_client_t *c) {
+  if (!c)
+    return CAP_EINVAL;
+  if (!c->in_iter) {
+    cap__set_error(c, "diverged outside an iteration");
+    return CAP_ESTATE;
+  }
+  if (c->mode == CAP_MODE_GUIDED) {
+    c->mode = CAP_MODE_PASSIVE;
+    c->it.mode = CAP_MODE_PASSIVE;
+    snprintf(c->it.plan_note, sizeof c->it.plan_note,
+             "the iteration left the plan's op sequence at op %u: plan "
+             "suspended for the rest of it", c->op_seq);
+  }
+  return 0;
+}

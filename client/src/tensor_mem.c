@@ -1,0 +1,50 @@
+/*
+ * Who owns a tensor's device memory (DESIGN.md, "Two ways a framework holds
+ * memory"). The executor asks here for a tensor's memory and gives it back
+ * here; a tensor the client allocated goes to and from the budgeted BFC
+ * allocator (model 1), one the framework adopted to and from the
+ * framework's callbacks (model 2, capuchin/framework.h). Nothing else in
+ * the executor tells the two apart.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "client_impl.h"
+
+int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict) {
+  cap__tensor_t *t = &c->tensors[id];
+  uint64_t bytes = t->bytes ? t->bytes : 1;
+  if (!t->framework)
+    return cap__alloc_for(c, bytes, p, may_evict);
+  /* A prefetch (may_evict false) keeps to the budget; the access itself
+   * cannot wait for memory the framework would have to give up. */
+  if (!may_evict && !cap__dev_budget_has_room(c->dev, bytes)) {
+    cap__reap(c, false);
+    if (!cap__dev_budget_has_room(c->dev, bytes))
+      return CAP_EBUDGET;
+  }
+  void *dev = NULL;
+  int rc = c->fw_alloc(c->fw_user, id, bytes, &dev);
+  if (rc < 0 || !dev) {
+    cap__set_error(c, "tensor %u: the framework could not allocate %llu bytes",
+                   id, (unsigned long long)bytes);
+    return CAP_ENOMEM;
+  }
+  cap__dev_track_framework(c->dev, bytes, true);
+  cap__note_peak(c);
+  *p = dev;
+  return 0;
+}
+
+void cap__tmem_free(cap_client_t *c, uint32_t id, void *p) {
+  if (!p)
+    return;
+  cap__tensor_t *t = &c->tensors[id];
+  if (!t->framework) {
+    cap__dev_free(c->dev, p);
+    return;
+  }
+  uint64_t bytes = t->bytes ? t->bytes : 1;
+  cap__dev_track_framework(c->dev, bytes, false);
+  c->fw_release(c->fw_user, id, p, bytes);
+}

@@ -1,0 +1,189 @@
+"""Guided iterations: the activations autograd saves, carried out by the plan.
+
+pack (torch.autograd.graph.saved_tensors_hooks) replaces a saved tensor by
+a handle that holds it. When the client evicts the tensor's id (after its
+evicted-access) and is done with the storage (a swap's copy has finished,
+or at once for a drop) it calls release: the handle lets go of the tensor,
+and the storage goes back to PyTorch's allocator once nothing else holds
+it. When the client brings the id back (in-trigger prefetch, or at unpack)
+it calls alloc: the adapter allocates a uint8 buffer through PyTorch and the
+client copies into it (or recompute fills it). unpack asks the client for
+the id (cap_client_acquire: waits for the copy in compute-stream order, or
+recomputes) and returns the saved view rebuilt on that buffer.
+
+CAPUCHIN_VERIFY=1: every storage released while a handle held it is hashed,
+and the buffer it comes back in is hashed again at unpack; a mismatch is
+counted and raised (never returned).
+"""
+import contextlib
+import weakref
+import zlib
+
+import torch
+
+from . import _client
+from ._tensors import Ident, bytes_of, meta_of, storage_base, view_on
+
+
+class _Handle:
+    __slots__ = ("ident", "t", "meta", "ptr", "hash", "owner", "__weakref__")
+
+    def __init__(self, ident, t, owner):
+        self.ident = ident
+        self.t = t
+        self.meta = meta_of(t)
+        self.ptr = storage_base(t)
+        self.hash = None
+        self.owner = owner
+
+    def __del__(self):
+        # Autograd let go of the saved tensor. If the client was still
+        # copying it out, the storage must outlive the copy: kept until the
+        # client has no copy in flight.
+        if self.t is not None:
+            self.owner.bury(self.t)
+            self.t = None
+        self.owner.m._tensors.unref(self.ident)
+
+
+def _hash(t):
+    b = bytes_of(t)
+    if b.device.type != "cpu":
+        b = b.cpu()
+    return zlib.crc32(b.numpy().tobytes())
+
+
+class SavedTensors:
+    def __init__(self, mgr):
+        self.m = mgr
+        self.handles = {}      # id -> [weakref(_Handle)]
+        self.graveyard = []    # storages a copy of the client may still use
+        self.mismatches = 0
+        self.active = False
+
+    def begin(self):
+        self.handles = {}
+        self.active = False
+
+    def end(self):
+        self.active = False
+
+    def take_mismatches(self):
+        n, self.mismatches = self.mismatches, 0
+        return n
+
+    @contextlib.contextmanager
+    def hooks(self):
+        self.active = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            self.active = False
+
+    def forget(self, ident):
+        self.handles.pop(ident.id, None)
+
+    def bury(self, t):
+        self.graveyard.append(t)
+
+    def reap(self):
+        """Let the graveyard go once the client has no copy in flight."""
+        if self.graveyard and (self.m.client is None or self.m.client.poll() == 0):
+            self.graveyard = []
+
+    # --- hooks ------------------------------------------------------------
+    def pack(self, t):
+        m = self.m
+        if not self.active or m._diverged or m._internal or t.dim() == 0:
+            # (a 0-dim tensor may be a wrapped Python number: autograd must
+            # get it back as it is)
+            return t
+        st = m._tensors.lookup(t)
+        if st is None or st.ident.persistent or st.buf is not None:
+            return t
+        ident = st.ident
+        h = _Handle(ident, t, self)
+        ident.refs += 1
+        self.handles.setdefault(ident.id, []).append(weakref.ref(h))
+        return h
+
+    def unpack(self, h):
+        if not isinstance(h, _Handle):
+            return h
+        if h.t is not None:
+            return h.t
+        m = self.m
+        prev = m._internal
+        m._internal = True
+        try:
+            m._flush_frees()
+            try:
+                addr = m.client.acquire(h.ident.id)
+            except _client.Error as e:
+                raise RuntimeError(
+                    "capuchin: saved tensor %d could not be brought back (%s); "
+                    "its data is gone" % (h.ident.id, e)) from None
+            st = m._tensors.by_ptr.get(addr)
+            if st is None or st.buf is None:
+                raise RuntimeError("capuchin: tensor %d came back at an address "
+                                   "the adapter did not allocate" % h.ident.id)
+            if h.hash is not None and _hash(st.buf) != h.hash:
+                self.mismatches += 1
+                raise RuntimeError("capuchin: CAPUCHIN_VERIFY: tensor %d came "
+                                   "back with other contents" % h.ident.id)
+            v = view_on(st.buf, h.meta)
+            m._tensors._track(v, st)
+            return v
+        finally:
+            m._internal = prev
+
+    # --- client callbacks (owner thread, from within the client) ----------
+    def alloc(self, tid, nbytes):
+        m = self.m
+        ident = m._idents.get(tid)
+        if ident is None:
+            # A recompute list's temporary: an output of a replayed op whose
+            # tensor is no longer live. Released when the list ends.
+            ident = Ident(tid, nbytes, False)
+        prev = m._internal
+        m._internal = True
+        try:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=m.device)
+        finally:
+            m._internal = prev
+        m._tensors.add(None, ident, buf=buf)
+        return buf.data_ptr()
+
+    def release(self, tid, addr, nbytes):
+        m = self.m
+        st = m._tensors.by_ptr.get(addr)
+        if st is not None and st.buf is not None:
+            # A buffer the adapter gave the client: no longer the client's.
+            st.buf = None
+            if st.count == 0:
+                del m._tensors.by_ptr[addr]
+            return
+        prev = m._internal
+        m._internal = True
+        try:
+            for r in self.handles.get(tid, ()):
+                h = r()
+                if h is None or h.t is None or h.ptr != addr:
+                    continue
+                if m.verify:
+                    h.hash = _hash(h.t)
+                h.t = None
+        finally:
+            m._internal = prev
+
+    def fill(self, dst_addr, src):
+        """Copy src's whole storage into the adapter's buffer at dst_addr."""
+        st = self.m._tensors.by_ptr.get(dst_addr)
+        if st is None or st.buf is None:
+            return False
+        b = bytes_of(src)
+        if b.numel() != st.buf.numel():
+            return False
+        st.buf.copy_(b)
+        return True

@@ -1,0 +1,167 @@
+"""Storages and their stable tensor ids (shared/traces/FORMAT.md).
+
+A tensor id names a storage, not a tensor object: views share their base's
+id, and an id is given in creation order, so that the i-th storage an
+iteration creates has the same id in every iteration (the client maps the
+i-th adoption of an iteration to the id the i-th of the first one got).
+
+An id stays alive while a tensor object on one of its storages lives, or a
+saved-tensor handle of it does (autograd holds the handle; the storage may
+be gone to the host meanwhile). When the last goes, the client is told that
+the tensor was freed. Frees are queued and reported between ops: they are
+noticed by garbage collection, which may run inside a client callback, and
+the client must not be re-entered from there.
+"""
+import weakref
+
+import torch
+
+
+def storage_base(t):
+    """Address of t's storage (not of its first element)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+class Ident:
+    """A tensor id as long as something needs it."""
+
+    __slots__ = ("id", "nbytes", "refs", "persistent", "storages", "__weakref__")
+
+    def __init__(self, tid, nbytes, persistent):
+        self.id = tid
+        self.nbytes = nbytes
+        self.refs = 0            # live storages (with a tensor object) + handles
+        self.persistent = persistent
+        self.storages = []       # Storage records mapped to this id
+
+
+class Storage:
+    """One storage: its address, its id and the tensor objects on it."""
+
+    __slots__ = ("ptr", "ident", "count", "objs", "buf", "__weakref__")
+
+    def __init__(self, ptr, ident, buf=None):
+        self.ptr = ptr
+        self.ident = ident
+        self.count = 0      # live tracked tensor objects
+        self.objs = []      # weak references to some of them (recompute finds
+                            # a tensor on the storage through them)
+        self.buf = buf      # the uint8 tensor the adapter allocated for the
+                            # client (a tensor brought back), else None
+
+
+class Tensors:
+    """The storage table of one client."""
+
+    def __init__(self, on_free):
+        self.by_ptr = {}        # storage address -> Storage
+        self.pending_frees = []  # ids whose last reference went
+        self.on_free = on_free   # on_free(ident): forget adapter state of it
+
+    def lookup(self, t):
+        off = t.storage_offset()
+        ptr = t.data_ptr() - off * t.element_size() if off else t.data_ptr()
+        st = self.by_ptr.get(ptr)
+        if st is not None and t.__dict__.get("_cap_st") is not st:
+            self._track(t, st)
+        return st
+
+    def _track(self, t, st):
+        try:
+            t._cap_st = st
+        except (AttributeError, RuntimeError):
+            return
+        if st.count == 0:
+            st.ident.refs += 1
+        st.count += 1
+        if len(st.objs) < 4:
+            st.objs.append(weakref.ref(t))
+        else:
+            st.objs = [r for r in st.objs if r() is not None] + [weakref.ref(t)]
+        weakref.finalize(t, self._obj_dead, st)
+
+    def _obj_dead(self, st):
+        st.count -= 1
+        if st.count:
+            return
+        if st.buf is None and self.by_ptr.get(st.ptr) is st:
+            # The storage itself is gone: its address may be reused.
+            del self.by_ptr[st.ptr]
+        self.unref(st.ident)
+
+    def unref(self, ident):
+        ident.refs -= 1
+        if ident.refs == 0:
+            self.pending_frees.append(ident)
+
+    def add(self, t, ident, buf=None):
+        """Map t's storage to ident (a new storage of a new or known id)."""
+        ptr = storage_base(t) if buf is None else buf.data_ptr()
+        st = Storage(ptr, ident, buf)
+        self.by_ptr[ptr] = st
+        ident.storages.append(st)
+        if buf is None:
+            self._track(t, st)
+        return st
+
+    def drop_ident(self, ident):
+        """The id is freed: forget its storages that are still mapped.
+        Returns the buffers the adapter had allocated for it: a copy into
+        one may still be running, so the caller keeps them until the client
+        has no copy in flight."""
+        bufs = []
+        for st in ident.storages:
+            if self.by_ptr.get(st.ptr) is st:
+                del self.by_ptr[st.ptr]
+            if st.buf is not None:
+                bufs.append(st.buf)
+            st.buf = None
+        ident.storages = []
+        return bufs
+
+    def tensor_at(self, ptr):
+        """A live tensor object on the storage at ptr, or None."""
+        st = self.by_ptr.get(ptr)
+        if st is None:
+            return None
+        if st.buf is not None:
+            return st.buf
+        for r in st.objs:
+            t = r()
+            if t is not None:
+                return t
+        return None
+
+
+if hasattr(torch.Tensor, "untyped_storage"):  # torch >= 2.0
+    def storage_nbytes(t):
+        return t.untyped_storage().nbytes()
+
+    def bytes_of(t):
+        """A flat uint8 tensor over t's whole storage."""
+        s = t.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8, device=t.device)
+        flat.set_(s, 0, (s.nbytes(),), (1,))
+        return flat
+else:
+    def storage_nbytes(t):
+        return t.storage().nbytes()
+
+    def bytes_of(t):
+        """A flat uint8 tensor over t's whole storage."""
+        s = t.storage()
+        flat = torch.empty(0, dtype=t.dtype, device=t.device)
+        flat.set_(s, 0, (s.nbytes() // t.element_size(),), (1,))
+        return flat.view(torch.uint8)
+
+
+def view_on(buf, meta):
+    """The tensor meta describes (dtype, size, stride, offset) on the uint8
+    storage buf."""
+    dtype, size, stride, offset = meta
+    base = buf if dtype == torch.uint8 else buf.view(dtype)
+    return base.as_strided(size, stride, offset)
+
+
+def meta_of(t):
+    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())

@@ -1,0 +1,682 @@
+"""capuchin.Manager: train an unmodified PyTorch model under a memory budget.
+
+    mgr = capuchin.Manager(budget="50%", job="resnet50")  # or bytes, "6GiB"
+    for batch in loader:
+        with mgr.step():
+            loss = model(batch).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    print(mgr.report())
+
+Iteration 1 is the probe: it runs unmanaged and measures the persistent
+bytes (storages the step touched that outlive it: weights, gradients,
+optimizer state) and the peak of everything live, which turns "50%" into
+bytes (persistent + 50 % of the activation peak). The client (libcapuchin-
+client through capuchin._client) is created after it with that budget.
+Iteration 2 is the measured iteration: a TorchDispatchMode reports every
+ATen op (forward, backward, optimizer) with the storages it read and wrote
+and its time, and every free, exactly as capuchin-replay reports a trace;
+the daemon plans from it. Later iterations are guided: saved-tensor hooks
+hand the activations autograd saves to the client, which swaps or drops
+them as the plan says and brings them back at unpack (_saved.py).
+
+Never wrong: without a daemon, or when the daemon goes away, the client
+runs passive and the step runs as without Capuchin; an iteration whose ops
+or shapes leave the plan's (a smaller last batch) stops the plan for the
+rest of that iteration; a tensor that cannot be brought back exactly is
+never returned (CAPUCHIN_VERIFY=1 checks every one by hash).
+"""
+import contextlib
+import os
+import re
+import time
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - torch < 1.13
+    TorchDispatchMode = None
+
+from . import _client
+from ._saved import SavedTensors
+from ._tensors import Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes, view_on
+
+_RNG_WORDS = ("bernoulli", "dropout", "rand", "normal", "uniform", "exponential",
+              "multinomial", "poisson", "geometric", "cauchy", "log_normal")
+
+
+def parse_budget(budget):
+    """("fraction", f) for "50%", ("bytes", n) for 123 / "6GiB" / "512MB"."""
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        if budget <= 0:
+            raise ValueError("budget must be positive")
+        return ("bytes", int(budget))
+    if not isinstance(budget, str):
+        raise TypeError("budget: bytes, \"50%\" or \"6GiB\"")
+    s = budget.strip()
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*%", s)
+    if m:
+        f = float(m.group(1)) / 100.0
+        if not 0 < f:
+            raise ValueError("budget: a percentage above 0")
+        return ("fraction", f)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?)B?", s, re.I)
+    if not m:
+        raise ValueError("budget %r: bytes, \"50%%\" or \"6GiB\"" % budget)
+    unit = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[m.group(2).upper()]
+    base = 1024 if m.group(3) or not m.group(2) else 1000
+    return ("bytes", int(float(m.group(1)) * base ** unit))
+
+
+_DETACH = torch.ops.aten.detach.default
+_FUNC_INFO = {}  # op -> (name, consumes random numbers)
+_SEQ = (list, tuple)
+
+
+def _flatten(args, kwargs):
+    """The leaves of an op's arguments and how to rebuild them (None: the
+    leaves are the positional arguments, as for most ops; tree_flatten
+    costs several microseconds)."""
+    if not kwargs:
+        for a in args:
+            if isinstance(a, _SEQ) and any(isinstance(e, torch.Tensor) for e in a):
+                break
+            if isinstance(a, dict):
+                break
+        else:
+            return list(args), None
+    return tree_flatten((args, kwargs))
+
+
+def _run(func, args, kwargs):
+    out = func(*args, **kwargs)
+    if func is _DETACH and not isinstance(out, torch.Tensor):
+        # torch 1.13: under a dispatch mode, detach of a wrapped Python
+        # number (a scalar autograd saved through saved-tensor hooks) comes
+        # back as a float, which autograd refuses; give it a tensor.
+        out = torch.tensor(out, dtype=args[0].dtype, device=args[0].device)
+    return out
+
+
+class _Op:
+    """What recompute needs of one op of the current iteration."""
+
+    __slots__ = ("name", "func", "spec", "leaves", "in_ids", "out_ids",
+                 "out_pos", "rng")
+
+    def __init__(self, name, func, spec, leaves, in_ids, out_ids, out_pos, rng):
+        self.name = name
+        self.func = func
+        self.spec = spec
+        self.leaves = leaves      # args/kwargs leaves, tensors as _Ph
+        self.in_ids = in_ids
+        self.out_ids = out_ids
+        self.out_pos = out_pos    # id of each tensor output, in order
+        self.rng = rng            # RNG state the op ran with, or None
+
+
+class _Sig:
+    """What a step that cannot recompute keeps of an op: its signature."""
+
+    __slots__ = ("name", "in_ids", "out_ids")
+
+    def __init__(self, name, in_ids, out_ids):
+        self.name = name
+        self.in_ids = in_ids
+        self.out_ids = out_ids
+
+
+class _Ph:
+    """A tensor argument of a recorded op: its id and its view."""
+
+    __slots__ = ("id", "meta")
+
+    def __init__(self, tid, meta):
+        self.id = tid
+        self.meta = meta
+
+
+if TorchDispatchMode is not None:
+    class _Mode(TorchDispatchMode):
+        def __init__(self, mgr):
+            super().__init__()
+            self.mgr = mgr
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self.mgr._dispatch(func, args, kwargs or {})
+
+
+class Manager:
+    """One training job under Capuchin. See the module's docstring."""
+
+    def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
+                 plan_wait_s=0.0, verify=None, host_pool_bytes=None,
+                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0):
+        if TorchDispatchMode is None:
+            raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
+        self.budget_spec = parse_budget(budget)
+        self.job = job
+        self.socket = socket
+        self.no_daemon = no_daemon
+        self.plan_wait_s = plan_wait_s
+        self.verify = (os.environ.get("CAPUCHIN_VERIFY", "0") not in ("", "0")
+                       if verify is None else bool(verify))
+        # Pinned host memory for swaps: allocated (and touched) once when the
+        # client starts, by default as much as the first iteration's
+        # activation peak; capped, by default at twice that. A swap-out that
+        # would pass the cap keeps its tensor on the device (with a warning).
+        self.host_pool_bytes = host_pool_bytes
+        self.host_pool_cap = host_pool_cap
+        self.connect_timeout_ms = connect_timeout_ms
+        # CPU only (the client's sim backend): the copy engines' modelled
+        # bandwidth, GB/s each way (0: an H100's PCIe).
+        self.sim_gbps = float(os.environ.get("CAPUCHIN_SIM_GBPS", sim_gbps) or 0)
+        self.budget_bytes = 0
+        self.persistent_bytes = 0
+        self.probe_peak_bytes = 0
+        self.activation_peak_bytes = 0
+        self._probe_events = []
+        self.iterations = []        # one dict per step (report())
+        self.client = None
+        self.device = None
+        self._step_no = 0
+        self._in_step = False
+        self._internal = False      # the adapter's own tensor ops: not reported
+        self._probe = False
+        self._tensors = Tensors(None)
+        self._idents = {}           # client id -> Ident
+        self._ops = []              # _Op of this iteration, by seq
+        self._plan_sig = []         # (name, in_ids, out_ids) of each op of the
+                                    # measured step, which the plan is for
+        self._diverged_run = 0      # guided steps in a row that left it
+        self.remeasured = 0         # times the job was measured again
+        self._guided = False
+        self._mode = "probe"
+        self._diverged = False
+        self._live_bytes = 0
+        self._peak_bytes = 0
+        self._saved = SavedTensors(self)
+        self._warned = set()
+        self._off = False           # no client: steps run unmanaged
+        self._stopped = False       # this step stopped reporting (an error)
+
+    # --- the user's API ---------------------------------------------------
+    @contextlib.contextmanager
+    def step(self):
+        """One training iteration."""
+        if self._in_step:
+            raise RuntimeError("capuchin: steps do not nest")
+        if not self._off:
+            self._begin()
+        if self._off:  # no client, or it could not be made again
+            self._in_step = False
+            yield self
+            return
+        ok = False
+        try:
+            # Saved-tensor hooks in every reported step, guided or not: with
+            # hooks autograd saves a tensor without the detach it makes
+            # otherwise, and the op sequences must match.
+            with _Mode(self):
+                if not self._probe:
+                    with self._saved.hooks():
+                        yield self
+                else:
+                    yield self
+            ok = True
+        finally:
+            self._end(ok)
+
+    def report(self):
+        """The per-iteration table."""
+        cols = ("iter", "mode", "time_ms", "peak_MiB", "budget_MiB", "out_MiB",
+                "in_MiB", "evict", "recomp", "stalls", "fallb", "verify_bad", "note")
+        rows = [cols]
+        for it in self.iterations:
+            rows.append((str(it["iteration"]), it["mode"],
+                         "%.1f" % (it["time_ns"] / 1e6),
+                         "%.2f" % (it["peak_bytes"] / 2**20),
+                         "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
+                         "%.2f" % (it.get("bytes_out", 0) / 2**20),
+                         "%.2f" % (it.get("bytes_in", 0) / 2**20),
+                         str(it.get("evictions", 0)), str(it.get("recomputed_ops", 0)),
+                         str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
+                         str(it.get("verify_mismatches", 0)), it.get("note", "")))
+        w = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
+        out = []
+        for r in rows:
+            out.append("  ".join(r[i].rjust(w[i]) for i in range(len(w))) + "  " + r[-1])
+        head = ("capuchin: job %s, budget %s = %d bytes (persistent %d, activation "
+                "peak %d)" % (self.job or "-", self._budget_text(), self.budget_bytes,
+                              self.persistent_bytes, self.activation_peak_bytes))
+        return head + "\n" + "\n".join(out)
+
+    def close(self):
+        if self.client is not None:
+            self._flush_frees()
+            self.client.close()
+            self.client = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- steps ------------------------------------------------------------
+    def _budget_text(self):
+        kind, v = self.budget_spec
+        return "%g%%" % (v * 100) if kind == "fraction" else "%d bytes" % v
+
+    def _begin(self):
+        self._step_no += 1
+        self._in_step = True
+        self._probe = self._step_no == 1
+        self._ops = []
+        self._diverged = False
+        self._stopped = False
+        self._saved.begin()
+        self._t0 = time.perf_counter_ns()
+        if self._probe:
+            self._live_bytes = 0
+            self._peak_bytes = 0
+            self._probe_events = []  # (ident, +bytes at adoption / -bytes at free)
+            self._guided = False
+            self._mode = "probe"
+            return
+        if self._diverged_run >= 2:
+            self._remeasure()
+            if self.client is None:
+                return
+        self._flush_frees()
+        self._mode = self.client.begin()
+        self._guided = self._mode == "guided"
+
+    def _end(self, ok):
+        self._in_step = False
+        self._saved.end()
+        if self._probe:
+            self._flush_frees()
+            self._end_probe()
+            self.iterations.append(dict(iteration=1, mode="probe",
+                                        time_ns=time.perf_counter_ns() - self._t0,
+                                        peak_bytes=self._peak_bytes))
+            return
+        if self._stopped:
+            self._flush_frees()
+            self._disown_survivors()
+            st = self.client.end()
+            st["iteration"] = self._step_no
+            st["note"] = "stopped reporting: " + self._stop_reason
+            st["verify_mismatches"] = self._saved.take_mismatches()
+            self.iterations.append(st)
+            return
+        self._flush_frees()
+        self._disown_survivors()
+        st = self.client.end()
+        st["verify_mismatches"] = self._saved.take_mismatches()
+        notes = [n for n in (st.get("plan_note"), st.get("first_error")) if n]
+        if self._diverged:
+            notes.insert(0, "diverged from the plan's iteration at op %d" % self._diverged_at)
+        s = self.client.stats()
+        if s.get("daemon_message"):
+            notes.append(s["daemon_message"])
+        st["note"] = "; ".join(notes)
+        if "which the framework owns" in st["note"]:
+            self.warn_once("persistent", "the plan evicts weights or optimizer state, "
+                           "which stay on the device (run capuchind with "
+                           "--evict-persistent no for plans without)")
+        if "host pool cap" in st["note"]:
+            self.warn_once("hostcap", "the pinned host pool's cap (%d bytes) was reached: "
+                           "tensors it could not take stayed on the device" % self.host_pool_cap)
+        st["connected"] = s["connected"]
+        st["iteration"] = self._step_no
+        self.iterations.append(st)
+        if st["mode"] == "measured":
+            self._plan_sig = [(o.name, o.in_ids, o.out_ids) for o in self._ops]
+        if self._guided:
+            self._diverged_run = self._diverged_run + 1 if self._diverged else 0
+        if st["mode"] == "measured" and self.plan_wait_s > 0:
+            self.client.wait_plan(0, int(self.plan_wait_s * 1000))
+
+    def _new_client(self):
+        stream = 0
+        backend = "sim"
+        if self.device is not None and self.device.type == "cuda":
+            backend = "cuda"
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+        try:
+            return _client.Client(
+                job=self.job, budget=self.budget_bytes, socket=self.socket,
+                no_daemon=self.no_daemon, backend=backend,
+                connect_timeout_ms=self.connect_timeout_ms,
+                host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
+                release=self._saved.release, recompute=self._recompute,
+                compute_stream=stream, sim_gbps=self.sim_gbps,
+                host_pool_cap=self.host_pool_cap)
+        except _client.Error as e:
+            self._off = True
+            self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
+            return None
+
+    def _remeasure(self):
+        """The job no longer runs the iteration its plan was made for (two
+        guided steps in a row left it): a new client session measures the
+        next step, and the daemon plans that."""
+        self._flush_frees()
+        self.client.close()
+        self._saved.graveyard = []
+        persistent = {id(i): i for i in self._idents.values() if i.persistent}
+        self._idents = {}
+        self.client = self._new_client()
+        if self.client is None:
+            return
+        for ident in persistent.values():
+            live = [st for st in ident.storages if st.count > 0]
+            if not live:
+                continue
+            ident.id = self.client.adopt_persistent(ident.nbytes, live[0].ptr)
+            self._idents[ident.id] = ident
+        self._plan_sig = []
+        self._diverged_run = 0
+        self.remeasured += 1
+
+    def _end_probe(self):
+        """Turn the probe into the budget and the client's persistent tensors."""
+        survivors = [st for st in self._tensors.by_ptr.values()
+                     if st.count > 0 and st.ident.refs > 0]
+        idents = {}
+        for st in survivors:
+            idents[id(st.ident)] = st.ident
+        self.persistent_bytes = sum(i.nbytes for i in idents.values())
+        self.probe_peak_bytes = self._peak_bytes
+        # The activation peak: the most bytes of the storages that did not
+        # outlive the step that were live at once (gradients and optimizer
+        # state created late in the first step are persistent, not part of it).
+        live = peak = 0
+        for ident, delta in self._probe_events:
+            if id(ident) in idents:
+                continue
+            live += delta
+            peak = max(peak, live)
+        self.activation_peak_bytes = peak
+        self._probe_events = []
+        kind, v = self.budget_spec
+        if kind == "fraction":
+            self.budget_bytes = self.persistent_bytes + int(peak * v)
+        else:
+            self.budget_bytes = v
+        if self.host_pool_bytes is None:
+            self.host_pool_bytes = peak
+        if self.host_pool_cap is None:
+            self.host_pool_cap = 2 * peak
+        self.client = self._new_client()
+        if self.client is None:
+            return
+        # The probe's ids were its own: the storages that outlived it become
+        # the client's persistent tensors now, before the measured step, so
+        # that its profile holds them from its first op (gradients and
+        # optimizer state were created late in the probe). What the caller
+        # keeps of a step (the loss) counts too: keep it small.
+        table = Tensors(None)
+        for ident in idents.values():
+            sts = [st for st in ident.storages if st.count > 0]
+            objs = [(st, self._tensors.tensor_at(st.ptr)) for st in sts]
+            objs = [(st, t) for st, t in objs if t is not None]
+            if not objs:
+                continue
+            cid = self.client.adopt_persistent(ident.nbytes, objs[0][0].ptr)
+            new = Ident(cid, ident.nbytes, True)
+            self._idents[cid] = new
+            for st, t in objs:
+                table.add(t, new)
+        self._tensors = table
+
+    # --- ops --------------------------------------------------------------
+    def _flush_frees(self):
+        self._saved.reap()
+        pend = self._tensors.pending_frees
+        if not pend:
+            return
+        self._tensors.pending_frees = []
+        for ident in pend:
+            if ident.refs > 0:
+                continue  # referenced again since
+            for buf in self._tensors.drop_ident(ident):
+                self._saved.bury(buf)
+            self._saved.forget(ident)
+            if self._probe or ident.id < 0:
+                self._live_bytes -= ident.nbytes
+                self._probe_events.append((ident, -ident.nbytes))
+                continue
+            if self._idents.get(ident.id) is not ident:
+                continue  # disowned at a step's end; the id may be another's now
+            del self._idents[ident.id]
+            if self.client is not None and not ident.persistent:
+                try:
+                    self.client.free(ident.id)
+                except _client.Error:
+                    pass  # already gone from the client's view
+
+    def _disown_survivors(self):
+        """Transient storages that outlive the step (the loss the caller
+        keeps) leave the client now: the next step's i-th storage must get
+        the id the i-th got before, not a new one because an old tensor
+        still holds it. If the next step uses one, it is adopted again."""
+        for tid, ident in list(self._idents.items()):
+            if ident.persistent:
+                continue
+            del self._idents[tid]
+            for buf in self._tensors.drop_ident(ident):
+                self._saved.bury(buf)
+            self._saved.forget(ident)
+            try:
+                self.client.free(tid)
+            except _client.Error:
+                pass
+
+    def _id_of(self, t):
+        """The id of t's storage, adopting a storage seen the first time."""
+        st = self._tensors.lookup(t)
+        if st is not None:
+            return st.ident.id
+        if t.layout != torch.strided or t.data_ptr() == 0:
+            return None
+        if self.device is None:
+            self.device = t.device
+        nbytes = storage_nbytes(t)
+        if self._probe:
+            ident = Ident(-1, nbytes, False)
+            self._probe_events.append((ident, nbytes))
+            self._live_bytes += nbytes
+            if self._live_bytes > self._peak_bytes:
+                self._peak_bytes = self._live_bytes
+        else:
+            cid = self.client.adopt(nbytes, storage_base(t))
+            ident = Ident(cid, nbytes, False)
+            self._idents[cid] = ident
+        self._tensors.add(t, ident)
+        return ident.id
+
+    def _dispatch(self, func, args, kwargs):
+        if self._internal or not self._in_step or self._stopped:
+            return _run(func, args, kwargs)
+        try:
+            return self._report(func, args, kwargs)
+        except _client.Error as e:
+            # The client refused something (a tensor it no longer knows, an
+            # op it cannot make resident): this step goes on unreported and
+            # unmanaged; what the plan had taken out still comes back at
+            # unpack. The op itself has not run yet unless it was reported.
+            self._stop(str(e))
+            if self._op_ran:
+                return self._op_out
+            return _run(func, args, kwargs)
+
+    def _stop(self, why):
+        self._stopped = True
+        self._stop_reason = why
+        self.warn_once("stopped", "step %d stopped reporting (%s); it runs unmanaged" % (
+            self._step_no, why))
+        try:
+            self.client.diverged()
+        except _client.Error:
+            pass
+
+    def _report(self, func, args, kwargs):
+        self._op_ran = False
+        if self._tensors.pending_frees or self._saved.graveyard:
+            self._flush_frees()
+        leaves, spec = _flatten(args, kwargs)
+        probe = self._probe
+        in_ids = []
+        # Only a guided step can recompute: only it records each op's
+        # arguments for a replay.
+        rec_leaves = list(leaves) if self._guided else None
+        for i, a in enumerate(leaves):
+            if isinstance(a, torch.Tensor):
+                tid = self._id_of(a)
+                if tid is None:
+                    continue
+                if tid not in in_ids:
+                    in_ids.append(tid)
+                if rec_leaves is not None:
+                    rec_leaves[i] = _Ph(tid, meta_of(a))
+        info = _FUNC_INFO.get(func)
+        if info is None:
+            name = str(func)
+            info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
+        name = info[0]
+        rng = self._rng_state() if info[1] and self._guided else None
+        if self._guided and not self._diverged:
+            # PyTorch allocates the op's outputs: first let the swap-outs
+            # in flight release what the budget needs (a budget wait).
+            self.client.make_room()
+        # A measured op's time on a GPU is its kernels': the host waits for
+        # them (only in the measured step; the others are not timed).
+        sync = (self._mode == "measured" and self.device is not None and
+                self.device.type == "cuda")
+        if sync:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter_ns()
+        out = _run(func, args, kwargs)
+        self._op_ran = True
+        self._op_out = out
+        if sync:
+            torch.cuda.synchronize(self.device)
+        dur = time.perf_counter_ns() - t0
+        out_ids = []
+        out_pos = []
+        outs = (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                tid = self._id_of(o)
+                out_pos.append(tid)
+                if tid is not None and tid not in out_ids:
+                    out_ids.append(tid)
+        if probe:
+            return out
+        seq = len(self._ops)
+        in_t, out_t = tuple(in_ids), tuple(out_ids)
+        self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
+                         if self._guided else _Sig(name, in_t, out_t))
+        if self._guided and not self._diverged and (
+                seq >= len(self._plan_sig) or self._plan_sig[seq] != (name, in_t, out_t)):
+            self._diverged = True
+            self._diverged_at = seq
+            if os.environ.get("CAPUCHIN_DEBUG"):
+                print("capuchin: diverged at op", seq, (name, in_t, out_t), "was",
+                      self._plan_sig[seq] if seq < len(self._plan_sig) else None)
+            self.client.diverged()
+        self.client.op(name, in_t, out_t, dur)
+        return out
+
+    def _rng_state(self):
+        if self.device is not None and self.device.type == "cuda":
+            return ("cuda", torch.cuda.get_rng_state(self.device))
+        return ("cpu", torch.get_rng_state())
+
+    @contextlib.contextmanager
+    def _rng_as(self, state):
+        if state is None:
+            yield
+            return
+        kind, s = state
+        if kind == "cuda":
+            now = torch.cuda.get_rng_state(self.device)
+            torch.cuda.set_rng_state(s, self.device)
+            try:
+                yield
+            finally:
+                torch.cuda.set_rng_state(now, self.device)
+        else:
+            now = torch.get_rng_state()
+            torch.set_rng_state(s)
+            try:
+                yield
+            finally:
+                torch.set_rng_state(now)
+
+    # --- recompute (called by the client from within op / acquire) --------
+    def _recompute(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
+        """Replay op seq of this iteration into the memory at out_addrs."""
+        prev = self._internal
+        self._internal = True
+        try:
+            return self._replay(seq, name, in_ids, in_addrs, out_ids, out_addrs)
+        finally:
+            self._internal = prev
+
+    def _replay(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
+        if seq >= len(self._ops):
+            return False
+        op = self._ops[seq]
+        if not isinstance(op, _Op) or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
+            return False
+        addr_of = dict(zip(in_ids, in_addrs))
+        leaves = list(op.leaves)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, _Ph):
+                t = self._tensor_view(addr_of.get(leaf.id), leaf.meta)
+                if t is None:
+                    return False
+                leaves[i] = t
+        if op.spec is None:
+            args, kwargs = tuple(leaves), {}
+        else:
+            args, kwargs = tree_unflatten(leaves, op.spec)
+        with torch.no_grad(), self._rng_as(op.rng):
+            out = op.func(*args, **kwargs)
+        dst_of = dict(zip(out_ids, out_addrs))
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if len(outs) != len(op.out_pos):
+            return False
+        done = set()
+        for o, tid in zip(outs, op.out_pos):
+            if tid is None or tid in done:
+                continue
+            done.add(tid)
+            dst = dst_of.get(tid)
+            if dst is None:
+                return False
+            if storage_base(o) == dst:
+                continue  # in place: already there
+            if not self._saved.fill(dst, o):
+                return False
+        return True
+
+    def _tensor_view(self, addr, meta):
+        if addr is None:
+            return None
+        base = self._tensors.tensor_at(addr)
+        if base is None:
+            return None
+        if base.dtype != torch.uint8 or base.dim() != 1 or base.storage_offset() != 0:
+            base = bytes_of(base)
+        return view_on(base, meta)
+
+    def warn_once(self, key, msg):
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn("capuchin: " + msg, RuntimeWarning, stacklevel=3)

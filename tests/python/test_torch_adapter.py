@@ -1,0 +1,182 @@
+"""The PyTorch adapter against a real capuchind (started by test_torch.sh).
+
+    test_torch_adapter.py budgets MODEL   100 %, 50 %, 30 %
+    test_torch_adapter.py kill MODEL      the daemon killed mid-training
+    test_torch_adapter.py nodaemon MODEL  no daemon at all
+    test_torch_adapter.py shapes MODEL    a smaller batch from iteration 4 (detected,
+                                          measured again at 6, guided at 7)
+    test_torch_adapter.py hostcap MODEL   a pinned host pool capped at 4 KiB
+
+Every scenario trains MODEL (torch_models.py) for ITERS iterations under
+capuchin.Manager and once without it, from the same seed, and requires the
+loss of every iteration and every parameter's gradient to be bitwise equal.
+CAPUCHIN_VERIFY is on: every tensor that comes back is checked by hash.
+On CPU the client's sim backend models copies at SIM_GBPS, slow enough that
+the daemon's plans recompute as well as swap. Exit 77 (skipped) without
+torch or without the adapter built.
+"""
+import os
+import signal
+import sys
+import time
+
+try:
+    import torch
+    import capuchin
+except ImportError as e:  # the adapter's tests need both
+    print("skip: %s" % e)
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import build, train_step  # noqa: E402
+
+ITERS = 7
+# Slow enough that the plans recompute as well as swap; the MLP (its plans
+# only swap) gets more, or its swaps could not hide behind its short ops.
+SIM_GBPS = {"mlp": 0.5, "cnn": 0.05, "transformer": 0.05}
+PEAK_SLACK = 0.10
+fails = []
+
+
+def check(what, ok):
+    print("%s %s" % ("ok  " if ok else "FAIL", what), flush=True)
+    if not ok:
+        fails.append(what)
+
+
+def reference(model_name, small_batch_at=None):
+    m, o, batches = build(model_name, small_batch_at=small_batch_at)
+    return [train_step(m, o, *batches(i)) for i in range(ITERS)]
+
+
+def managed(model_name, budget, job, small_batch_at=None, on_iteration=None, **kw):
+    torch.manual_seed(1234)  # the build re-seeds: this must not matter
+    m, o, batches = build(model_name, small_batch_at=small_batch_at)
+    kw.setdefault("socket", os.environ.get("CAPUCHIN_SOCKET"))
+    mgr = capuchin.Manager(budget=budget, job=job, plan_wait_s=20, verify=True,
+                           sim_gbps=SIM_GBPS[model_name], **kw)
+    out = []
+    for i in range(ITERS):
+        with mgr.step():
+            out.append(train_step(m, o, *batches(i)))
+        if on_iteration:
+            on_iteration(i + 1, mgr)
+    print(mgr.report(), flush=True)
+    return mgr, out
+
+
+def check_equal(label, ref, got):
+    for i, (r, g) in enumerate(zip(ref, got)):
+        check("%s: iteration %d loss bitwise equal" % (label, i + 1), r[0] == g[0])
+        bad = [k for k, (a, b) in enumerate(zip(r[1], g[1])) if a != b]
+        check("%s: iteration %d: all %d gradients bitwise equal%s" % (
+            label, i + 1, len(r[1]), " (not: %s)" % bad if bad else ""), not bad)
+
+
+def check_common(label, mgr):
+    its = mgr.iterations
+    check("%s: %d iterations ran" % (label, ITERS), len(its) == ITERS)
+    check("%s: zero verify mismatches" % label,
+          sum(it.get("verify_mismatches", 0) for it in its) == 0)
+    check("%s: no op failed" % label, all(it.get("op_errors", 0) == 0 for it in its))
+
+
+def scenario_budgets(model_name):
+    ref = reference(model_name)
+    swaps = recomputes = 0
+    for pct in (100, 50, 30):
+        label = "%s at %d%%" % (model_name, pct)
+        mgr, got = managed(model_name, "%d%%" % pct, "%s-%d" % (model_name, pct))
+        check_equal(label, ref, got)
+        check_common(label, mgr)
+        its = mgr.iterations
+        check("%s: iteration 2 measured" % label, its[1]["mode"] == "measured")
+        infeasible = any("no plan fits" in it.get("note", "") for it in its)
+        if infeasible and pct == 30:
+            # Only evicting weights or optimizer state would fit: the daemon
+            # says which budget would, and the job trains unmanaged.
+            check("%s: no plan fits; the report names the smallest budget" % label,
+                  all(it["mode"] == "passive" for it in its[2:]) and
+                  "smallest feasible budget" in its[-1]["note"])
+            continue
+        guided = its[2:]
+        check("%s: iterations 3.. guided" % label,
+              all(it["mode"] == "guided" for it in guided))
+        # PyTorch allocates each op's outputs without asking the client, and
+        # an unpack whose prefetch found no room allocates regardless: the
+        # client waits for swap-outs before each op (make_room) but cannot
+        # refuse. The tracked bytes keep to the budget within PEAK_SLACK.
+        for it in guided:
+            check("%s: iteration %d tracked peak %d <= budget %d + %d%%" % (
+                label, it["iteration"], it["peak_bytes"], mgr.budget_bytes,
+                PEAK_SLACK * 100), it["peak_bytes"] <= mgr.budget_bytes * (1 + PEAK_SLACK))
+        swaps += sum(it["bytes_out"] for it in guided)
+        recomputes += sum(it["recomputed_ops"] for it in guided)
+        mgr.close()
+    check("%s: swaps happened (%d bytes out)" % (model_name, swaps), swaps > 0)
+    if model_name != "mlp":  # an MLP's plans only swap (see README)
+        check("%s: recomputes happened (%d ops)" % (model_name, recomputes), recomputes > 0)
+
+
+def scenario_kill(model_name):
+    ref = reference(model_name)
+    pid = int(os.environ["CAP_DAEMON_PID"])
+
+    def kill_at_4(i, mgr):
+        if i == 4:
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+    mgr, got = managed(model_name, "50%", model_name + "-kill", on_iteration=kill_at_4)
+    check_equal(model_name + " daemon killed", ref, got)
+    check_common(model_name + " daemon killed", mgr)
+    check("daemon killed: guided before the kill",
+          mgr.iterations[2]["mode"] == "guided" and mgr.iterations[3]["mode"] == "guided")
+    check("daemon killed: the client saw it go", not mgr.client.stats()["connected"])
+
+
+def scenario_nodaemon(model_name):
+    ref = reference(model_name)
+    mgr, got = managed(model_name, "50%", model_name + "-nodaemon",
+                       socket="/nonexistent/capuchind.sock", connect_timeout_ms=50)
+    check_equal(model_name + " no daemon", ref, got)
+    check_common(model_name + " no daemon", mgr)
+    check("no daemon: every iteration after the probe passive",
+          all(it["mode"] == "passive" for it in mgr.iterations[1:]))
+
+
+def scenario_shapes(model_name):
+    ref = reference(model_name, small_batch_at=4)
+    mgr, got = managed(model_name, "50%", model_name + "-shapes", small_batch_at=4)
+    check_equal(model_name + " smaller batch at 4", ref, got)
+    check_common(model_name + " smaller batch at 4", mgr)
+    its = mgr.iterations
+    check("shapes: iteration 3 guided", its[2]["mode"] == "guided")
+    check("shapes: iterations 4 and 5 detected as diverged",
+          all("diverged" in it["note"] and it["mode"] == "passive" for it in its[3:5]))
+    check("shapes: measured again at 6, guided at 7",
+          mgr.remeasured == 1 and its[5]["mode"] == "measured" and its[6]["mode"] == "guided")
+
+
+def scenario_hostcap(model_name):
+    import warnings
+    ref = reference(model_name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr, got = managed(model_name, "50%", model_name + "-hostcap", host_pool_cap=4096)
+    check_equal(model_name + " host pool capped", ref, got)
+    check_common(model_name + " host pool capped", mgr)
+    its = mgr.iterations[2:]
+    check("host cap: iterations 3.. guided", all(it["mode"] == "guided" for it in its))
+    check("host cap: swap-outs past the cap kept their tensor (fallbacks, said why)",
+          all(it["fallbacks"] > 0 and "host pool cap" in it["note"] for it in its))
+    check("host cap: a warning said so",
+          any("pinned host pool" in str(w.message) for w in caught))
+
+
+if __name__ == "__main__":
+    scenario, model_name = sys.argv[1], sys.argv[2]
+    {"budgets": scenario_budgets, "kill": scenario_kill, "nodaemon": scenario_nodaemon,
+     "shapes": scenario_shapes, "hostcap": scenario_hostcap}[scenario](model_name)
+    print("%d failed" % len(fails))
+    sys.exit(1 if fails else 0)

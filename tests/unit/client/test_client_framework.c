@@ -1,0 +1,397 @@
+/*
+ * Framework-owned memory (capuchin/framework.h, DESIGN.md model 2): the
+ * test plays the framework. It allocates every tensor itself (malloc, on
+ * the sim backend the "device" is host memory), runs each op's kernel on
+ * the pointers op begin returns, and frees a buffer only when the client
+ * releases it, so ASan catches a client that reads memory it gave back.
+ *
+ * Ops (uint8 elementwise):
+ *   op0 a = w + 1     op1 b = a * 2     op2 c = b + 3
+ *   op3 d = a + c     op4 e = b + d
+ * Plan: swap a after its access 2 (op1) with the prefetch at c's access 1
+ * (op2), recompute b after its access 2 (op2) by replaying op1 at op4;
+ * and an evict-persistent action on w that an adopted weight cannot obey.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cap_test.h"
+#include "capuchin/client.h"
+#include "capuchin/framework.h"
+
+#define N 4096u
+
+static const char plan_json[] =
+    "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\",\"version\":3,"
+    "\"predicted_iter_ns\":0,\"actions\":["
+    "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
+    "\"prefetch_at\":null},"
+    "{\"tensor\":1,\"evict_after_access\":2,\"method\":\"swap\","
+    "\"prefetch_at\":{\"tensor\":3,\"access\":1}},"
+    "{\"tensor\":2,\"evict_after_access\":2,\"method\":\"recompute\","
+    "\"recompute_ops\":[1]}]}";
+
+/* The framework's side: live buffers and what the client asked of it. */
+typedef struct fw {
+  void *live[64];
+  uint32_t n_live;
+  uint32_t allocs, releases, recomputes;
+  uint32_t released_ids[64];
+  uint32_t n_released_ids;
+} fw_t;
+
+static void *fw_new(fw_t *f, size_t n) {
+  void *p = malloc(n);
+  if (p && f->n_live < 64)
+    f->live[f->n_live++] = p;
+  return p;
+}
+
+static void fw_drop(fw_t *f, void *p) {
+  for (uint32_t i = 0; i < f->n_live; i++)
+    if (f->live[i] == p) {
+      f->live[i] = f->live[--f->n_live];
+      free(p);
+      return;
+    }
+}
+
+static int fw_alloc(void *user, uint32_t id, uint64_t bytes, void **dev) {
+  fw_t *f = user;
+  (void)id;
+  f->allocs++;
+  *dev = fw_new(f, bytes);
+  return *dev ? 0 : -1;
+}
+
+static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
+  fw_t *f = user;
+  (void)bytes;
+  f->releases++;
+  if (f->n_released_ids < 64)
+    f->released_ids[f->n_released_ids++] = id;
+  /* The framework's tensor no longer holds the storage; the client gave it
+   * up, so it goes. */
+  fw_drop(f, dev);
+}
+
+static void kernel(uint32_t seq, void *const *in, void *const *out) {
+  const uint8_t *x = in[0], *y = in[1];
+  uint8_t *o = out[0];
+  for (uint32_t i = 0; i < N; i++) {
+    switch (seq) {
+    case 0: o[i] = (uint8_t)(x[i] + 1); break;
+    case 1: o[i] = (uint8_t)(x[i] * 2); break;
+    case 2: o[i] = (uint8_t)(x[i] + 3); break;
+    default: o[i] = (uint8_t)(x[i] + y[i]); break;
+    }
+  }
+}
+
+static int recompute(void *user, uint32_t seq, const char *name,
+                     const uint32_t *in_ids, void *const *in_ptrs,
+                     uint32_t n_in, const uint32_t *out_ids,
+                     void *const *out_ptrs, uint32_t n_out) {
+  fw_t *f = user;
+  (void)name; (void)in_ids; (void)out_ids;
+  if (seq != 1 || n_in != 1 || n_out != 1)
+    return -1;
+  f->recomputes++;
+  kernel(seq, in_ptrs, out_ptrs);
+  return 0;
+}
+
+/* One iteration as a framework runs it: it allocates each output before
+ * the op (adopting it), holds the storages of a, b and d as autograd
+ * would, and frees them at the end unless the client still has them. With
+ * acquire_a, a is brought back the way an unpack hook does, before op3. */
+static int iteration(cap_client_t *c, fw_t *f, uint32_t w, bool acquire_a,
+                     uint8_t *e_out, cap_iter_stats_t *st) {
+  static const char *names[5] = {"aten::add", "aten::mul", "aten::add",
+                                 "aten::add", "aten::add"};
+  uint32_t ids[5]; /* a b c d e */
+  int rc = cap_client_iteration_begin(c);
+  for (uint32_t k = 0; k < 5 && rc == 0; k++) {
+    void *buf = fw_new(f, N);
+    if (!buf)
+      return CAP_ENOMEM;
+    rc = cap_client_adopt(c, N, buf, &ids[k]);
+    if (rc < 0)
+      break;
+    if (acquire_a && k == 3) {
+      void *p = NULL;
+      rc = cap_client_acquire(c, ids[0], &p);
+      if (rc < 0)
+        break;
+      CHECK(cap_client_tensor_resident(c, ids[0]) == 1);
+    }
+    uint32_t in[2];
+    uint32_t n_in = 1;
+    switch (k) {
+    case 0: in[0] = w; break;
+    case 1: in[0] = ids[0]; break;
+    case 2: in[0] = ids[1]; break;
+    case 3: in[0] = ids[0]; in[1] = ids[2]; n_in = 2; break;
+    default: in[0] = ids[1]; in[1] = ids[3]; n_in = 2; break;
+    }
+    void *ip[2] = {NULL, NULL}, *op[1] = {NULL};
+    rc = cap_client_op_begin(c, names[k], in, n_in, &ids[k], 1, ip, op);
+    if (rc < 0)
+      break;
+    if (n_in == 1)
+      ip[1] = ip[0];
+    kernel(k, ip, op);
+    rc = cap_client_compute(c, 200000); /* 0.2 ms: the copies overlap */
+    rc = rc ? rc : cap_client_op_end(c);
+  }
+  if (rc == 0) {
+    void *p = cap_client_tensor_ptr(c, ids[4]);
+    CHECK(p != NULL);
+    if (p)
+      memcpy(e_out, p, N);
+  }
+  /* The framework frees what it still holds: the client's pointer is the
+   * tensor's storage now (a prefetched or recomputed tensor has a new
+   * one), unless the client has it out. */
+  for (uint32_t k = 0; k < 5 && rc == 0; k++) {
+    void *p = cap_client_tensor_ptr(c, ids[k]);
+    rc = cap_client_free(c, ids[k]);
+    if (p)
+      fw_drop(f, p);
+  }
+  return rc ? rc : cap_client_iteration_end(c, st);
+}
+
+static void expected(const uint8_t *w, uint8_t *e) {
+  for (uint32_t i = 0; i < N; i++) {
+    uint8_t a = (uint8_t)(w[i] + 1), b = (uint8_t)(a * 2),
+            cc = (uint8_t)(b + 3), d = (uint8_t)(a + cc);
+    e[i] = (uint8_t)(b + d);
+  }
+}
+
+static void run(bool acquire_a) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.time_scale = 1.0;
+  cfg.framework_memory = true;
+  cfg.budget_bytes = 64 * N;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  uint32_t w = 0;
+  uint8_t *wbuf = fw_new(&f, N);
+  REQUIRE(wbuf);
+  for (uint32_t i = 0; i < N; i++)
+    wbuf[i] = (uint8_t)(i * 7 + 1);
+  /* Adopting needs the callbacks first. */
+  CHECK_EQ(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w),
+           CAP_ESTATE);
+  CHECK_EQ(cap_client_set_framework_memory(c, NULL, fw_release, &f),
+           CAP_EINVAL);
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  CHECK_EQ(w, 0);
+  cap_client_set_recompute(c, recompute, &f);
+
+  uint8_t want[N], got[N];
+  expected(wbuf, want);
+  cap_iter_stats_t st;
+  CHECK_EQ(iteration(c, &f, w, false, got, &st), 0);
+  CHECK_EQ(st.mode, CAP_MODE_PASSIVE);
+  CHECK(memcmp(got, want, N) == 0);
+  CHECK_EQ(f.allocs, 0);
+  CHECK_EQ(f.releases, 0);
+  /* w, and the five tensors at the peak (all alive at op4). */
+  CHECK_EQ(st.peak_bytes, 6 * N);
+
+  REQUIRE(cap_client_load_plan_json(c, plan_json, sizeof plan_json - 1) == 0);
+  for (int it = 0; it < 3; it++) {
+    f.allocs = f.releases = f.recomputes = 0;
+    f.n_released_ids = 0;
+    memset(got, 0, N);
+    CHECK_EQ(iteration(c, &f, w, acquire_a, got, &st), 0);
+    CHECK_EQ(st.mode, CAP_MODE_GUIDED);
+    CHECK_EQ(st.plan_version, 3);
+    CHECK(memcmp(got, want, N) == 0);
+    /* a went out and came back through the framework's allocator; b was
+     * dropped and recomputed into memory the framework gave. */
+    CHECK_EQ(st.bytes_out, N);
+    CHECK_EQ(st.bytes_in, N);
+    CHECK_EQ(st.evictions, 2);
+    CHECK_EQ(st.recomputed_ops, 1);
+    CHECK_EQ(f.recomputes, 1);
+    CHECK_EQ(f.allocs, 2);
+    CHECK_EQ(f.releases, 2);
+    bool rel_a = false, rel_b = false;
+    for (uint32_t i = 0; i < f.n_released_ids; i++) {
+      rel_a |= f.released_ids[i] == 1;
+      rel_b |= f.released_ids[i] == 2;
+    }
+    CHECK(rel_a && rel_b);
+    /* The weight's action is refused: kept, counted, said. */
+    CHECK_EQ(st.fallbacks, 1);
+    CHECK(strstr(st.plan_note, "persistent tensor 0") != NULL);
+    CHECK(cap_client_tensor_resident(c, w) == 1);
+    /* Tracked bytes: a and b were off the device for a while. */
+    CHECK(st.peak_bytes <= 6 * N);
+  }
+  CHECK_EQ(cap_client_poll(c), 0);
+  cap_client_stats_t cs;
+  cap_client_get_stats(c, &cs);
+  CHECK_EQ(cs.device_bytes, N); /* only the weight is left */
+  cap_client_destroy(c);
+  /* What the framework holds now is its weight alone. */
+  CHECK_EQ(f.n_live, 1);
+  fw_drop(&f, wbuf);
+}
+
+/* The framework reports each op after running it (cap_client_op_run, as
+ * PyTorch's dispatcher must) and, once, finds the iteration diverged before
+ * its first op: the plan stays out of that iteration and comes back in the
+ * next one. Iteration 0 runs without a plan. */
+static void test_framework_op_run_and_diverged(void) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+  CHECK_EQ(cap_client_diverged(c), CAP_ESTATE);
+  CHECK_EQ(cap_client_op_run(c, "aten::x", NULL, 0, NULL, 0, -1), CAP_EINVAL);
+  for (int it = 0; it < 4; it++) {
+    if (it == 1) /* after an iteration the plan's tensors exist */
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    CHECK_EQ(cap_client_mode(c), it == 0 ? CAP_MODE_PASSIVE : CAP_MODE_GUIDED);
+    if (it == 2) {
+      CHECK_EQ(cap_client_diverged(c), 0);
+      CHECK_EQ(cap_client_mode(c), CAP_MODE_PASSIVE);
+    }
+    uint32_t a, b;
+    uint8_t *pa = fw_new(&f, N);
+    REQUIRE(pa);
+    memset(pa, 0x5a, N);
+    CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
+    CHECK_EQ(a, 0);
+    uint32_t rel0 = f.releases;
+    CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
+    uint8_t *pb = fw_new(&f, N);
+    REQUIRE(pb);
+    CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
+    /* Poll until the swap-out has finished: then the framework has been
+     * told it may drop a's memory, and a comes back through its allocator. */
+    for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+      nanosleep(&(struct timespec){0, 100000}, NULL);
+    CHECK_EQ(cap_client_poll(c), 0);
+    CHECK_EQ(f.releases - rel0, it == 1 || it == 3 ? 1u : 0u);
+    CHECK_EQ(cap_client_tensor_resident(c, a), it == 1 || it == 3 ? 0 : 1);
+    void *p = NULL;
+    CHECK_EQ(cap_client_acquire(c, a, &p), 0);
+    CHECK(p != NULL && ((uint8_t *)p)[N - 1] == 0x5a);
+    if (p)
+      memcpy(pb, p, N);
+    CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t id = 0; id < 2; id++) {
+      void *q = cap_client_tensor_ptr(c, id);
+      CHECK_EQ(cap_client_free(c, id), 0);
+      if (q)
+        fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    CHECK_EQ(st.plan_version, it == 0 ? 0u : 1u);
+    bool guided = it == 1 || it == 3;
+    CHECK_EQ(st.evictions, guided ? 1u : 0u);
+    CHECK_EQ(st.bytes_in, guided ? (uint64_t)N : 0u);
+    if (it == 2)
+      CHECK(strstr(st.plan_note, "left the plan's op sequence at op 0") != NULL);
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
+/* One swap of tensor 0 after its first access, and a budget of 1.5
+ * tensors: make_room waits for the swap-out to release its tensor; with the
+ * host pool capped below one tensor the swap-out cannot start, the tensor
+ * stays on the device and the iteration says why. */
+static void budget_and_host_cap(bool capped) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cfg.budget_bytes = N + N / 2;
+  cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
+  cfg.host_pool_cap_bytes = capped ? N / 2 : 0;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t a, b;
+    uint8_t *pa = fw_new(&f, N), *pb = fw_new(&f, N);
+    REQUIRE(pa && pb);
+    CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
+    CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
+    /* 2 tensors in use, 1.5 allowed: only a running swap-out helps. */
+    bool freed = it == 1 && !capped;
+    CHECK_EQ(cap_client_make_room(c), freed ? 1 : 0);
+    CHECK_EQ(cap_client_tensor_resident(c, a), freed ? 0 : 1);
+    CHECK_EQ(f.releases, freed ? 1u : 0u);
+    void *p = NULL;
+    CHECK_EQ(cap_client_acquire(c, a, &p), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t id = 0; id < 2; id++) {
+      void *q = cap_client_tensor_ptr(c, id);
+      CHECK_EQ(cap_client_free(c, id), 0);
+      if (q)
+        fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    if (it == 1) {
+      CHECK_EQ(st.evictions, capped ? 0u : 1u);
+      CHECK_EQ(st.fallbacks, capped ? 1u : 0u);
+      CHECK_EQ(st.budget_waits, capped ? 0u : 1u);
+      if (capped)
+        CHECK(strstr(st.plan_note, "host pool cap") != NULL);
+    }
+    f.releases = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
+static void test_framework_make_room(void) { budget_and_host_cap(false); }
+static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
+
+static void test_framework_memory_at_access(void) { run(false); }
+static void test_framework_memory_acquire(void) { run(true); }
+
+int main(void) {
+  RUN_TEST(test_framework_memory_at_access);
+  RUN_TEST(test_framework_memory_acquire);
+  RUN_TEST(test_framework_op_run_and_diverged);
+  RUN_TEST(test_framework_make_room);
+  RUN_TEST(test_framework_host_pool_cap);
+  return TEST_SUMMARY();
+}
