@@ -118,6 +118,42 @@ uint64_t cap__dev_trim(cap__dev_t *d);
 /* The allocations that keep the emptiest arena from going back
  * (cap_bfc_emptiest_arena). */
 int cap__dev_emptiest_arena(cap__dev_t *d, void **out, size_t max_out);
+/* The placement region (region.c): the device memory a plan's placement
+ * puts its blocks in. Taken from the budgeted allocator as one allocation;
+ * the allocations live in it are kept by offset so that none overlap. */
+typedef struct cap__region {
+  uint8_t *base; /* NULL: no region */
+  uint64_t bytes;
+  struct cap__region_live {
+    uint64_t off, len;
+    uint32_t sharers; /* allocations beyond the first at this offset (an
+                         output that took over its input's block) */
+  } *live;       /* sorted by off, disjoint */
+  uint32_t n_live, cap_live;
+} cap__region_t;
+
+bool cap__region_contains(const cap__region_t *r, const void *p);
+/* Take [off, off + len): 0 with *p, CAP_EAGAIN with *busy the start of a
+ * live allocation in the way, CAP_ERANGE outside the region, CAP_ENOMEM. */
+int cap__region_take(cap__region_t *r, uint64_t off, uint64_t len, void **p,
+                     void **busy);
+/* Take over the live allocation at off for a second tensor of at most its
+ * len (in-place sharing, placement.h): 0 with *p, CAP_ENOENT when no live
+ * allocation starts at off or it is smaller. */
+int cap__region_share(cap__region_t *r, uint64_t off, uint64_t len, void **p);
+/* Give back the allocation at p; false when p is not in the region. */
+bool cap__region_give(cap__region_t *r, const void *p);
+
+/* The device's region: open one of at least `bytes` (0 when one that size
+ * is open already; CAP_ESTATE when a smaller one still has allocations
+ * live; CAP_EBUDGET when the budget has no contiguous room for it), close
+ * it (only when nothing lives in it), and take a block in it. cap__dev_free
+ * gives back a block as well as any other allocation. */
+int cap__dev_region_open(cap__dev_t *d, uint64_t bytes);
+void cap__dev_region_close(cap__dev_t *d);
+int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
+                         void **busy);
+int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p);
 /* Whether the bytes in use leave room for `bytes` (a failure is then
  * fragmentation, not the budget). */
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);
@@ -223,7 +259,19 @@ typedef struct cap__xplan {
                              failed or unavailable) */
   uint32_t n_refused;     /* actions the install-time walk refused */
   char note[256];         /* the first of them and why */
+  /* Placement: the plan's blocks found by (tensor, kind, action), an open
+   * addressing table of block indices (CAP_NONE: empty); mask 0: none. */
+  uint32_t *block_of;
+  uint32_t block_mask;
 } cap__xplan_t;
+
+/* Placement (placement.c): index the plan's blocks and open the region at
+ * install; at an allocation of tensor id made the way `kind` and `action`
+ * say (cap_block_t), take its block. 0 with *p, or CAP_ENOENT: no block
+ * (or it could not be had), allocate elsewhere. */
+int cap__placement_index(cap_client_t *c, cap__xplan_t *x);
+int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
+                      uint32_t action, void **p);
 
 /* A plan action named by what it evicts (unique within a plan). */
 typedef struct cap__action_key {
@@ -450,6 +498,9 @@ cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor);
 /* Wait for the oldest pending copy that frees device memory; false when
  * there is none. */
 bool cap__retire_wait_one(cap_client_t *c);
+/* Wait for the copy that still holds device memory at dev and finish it;
+ * false when no pending copy holds it. */
+bool cap__retire_wait_dev(cap_client_t *c, const void *dev);
 
 /* evict.c: swap tensor id out (action: the plan's, or CAP_NONE for an
  * on-demand eviction; sync: the compute stream waits for the copy). */
@@ -470,6 +521,9 @@ void cap__note_peak(cap_client_t *c);
  * returns it the same way (a framework-owned pointer goes back through the
  * release callback). */
 int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
+/* cap__tmem_alloc saying why (placement keys): a recompute list's outputs. */
+int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
+                       uint32_t action, void **p, bool may_evict);
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make

@@ -30,6 +30,7 @@ struct cap__dev {
                                take no budget-sized arena up front */
   uint64_t framework_bytes; /* device bytes of framework-owned tensors the
                                client tracks (counted in in_use) */
+  cap__region_t region;     /* the installed plan's placement (region.c) */
 };
 
 /* The executor's event: the backend event recorded after the copy. */
@@ -122,6 +123,7 @@ void cap__dev_close(cap__dev_t *d) {
   for (int s = 0; s < CAP_STREAM_COUNT; s++)
     cap_backend_stream_synchronize(d->b, (cap_stream_t)s);
   cap_backend_event_destroy(d->b, d->compute_ev);
+  free(d->region.live); /* its memory goes with the allocator's arenas */
   cap_bfc_destroy(d->host_bfc);
   cap_bfc_destroy(d->dev_bfc);
   cap_backend_destroy(d->b);
@@ -182,8 +184,44 @@ int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p) {
 }
 
 void cap__dev_free(cap__dev_t *d, void *p) {
-  if (p)
+  if (p && !cap__region_give(&d->region, p))
     cap_bfc_free(d->dev_bfc, p);
+}
+
+int cap__dev_region_open(cap__dev_t *d, uint64_t bytes) {
+  if (d->region.base && d->region.bytes >= bytes)
+    return 0;
+  if (d->region.base && d->region.n_live)
+    return CAP_ESTATE;
+  cap__dev_region_close(d);
+  void *p = NULL;
+  int rc = cap__dev_alloc(d, bytes, &p);
+  if (rc == CAP_EBUDGET) { /* empty arenas may hold the room: give them back */
+    cap_bfc_trim(d->dev_bfc);
+    rc = cap__dev_alloc(d, bytes, &p);
+  }
+  if (rc < 0)
+    return rc;
+  d->region.base = p;
+  d->region.bytes = bytes;
+  return 0;
+}
+
+void cap__dev_region_close(cap__dev_t *d) {
+  if (!d->region.base || d->region.n_live)
+    return;
+  cap_bfc_free(d->dev_bfc, d->region.base);
+  free(d->region.live);
+  memset(&d->region, 0, sizeof d->region);
+}
+
+int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
+                         void **busy) {
+  return cap__region_take(&d->region, off, len, p, busy);
+}
+
+int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p) {
+  return cap__region_share(&d->region, off, len, p);
 }
 
 uint64_t cap__dev_in_use(cap__dev_t *d) {

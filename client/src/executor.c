@@ -50,6 +50,8 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
     return CAP_EINVAL;
   }
   c->op_name = name; /* named in errors of the restores below */
+  c->op_in = in;     /* an output may take over an input's block */
+  c->op_n_in = n_in;
   /* Unique tensors of the op: an op listing one on both sides is one
    * access. pinned doubles as the "already seen" mark. */
   uint32_t nu = 0;

@@ -17,6 +17,7 @@ void cap__x_clear(cap_client_t *c) {
   free(x->slots);
   free(x->trig);
   free(x->fallback);
+  free(x->block_of);
   memset(x, 0, sizeof *x);
 }
 
@@ -174,6 +175,10 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   }
   x.plan = plan;
   x.n_tensors = nt;
+  if ((rc = cap__placement_index(c, &x)) < 0) {
+    x.plan = NULL;
+    goto out;
+  }
   cap__x_clear(c);
   c->x = x;
   free(maxk);
@@ -184,6 +189,7 @@ out:
   free(x.slots);
   free(x.trig);
   free(x.fallback);
+  free(x.block_of);
   cap_plan_destroy(plan);
   return rc;
 }

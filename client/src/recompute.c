@@ -128,11 +128,16 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
       continue;
     }
     void *p = NULL;
-    int rc = cap__tmem_alloc(c, tid, &p, true);
+    /* The list's own action names its outputs' blocks (placement). */
+    bool restores = tid == id || u->state == CAP__T_DROPPED;
+    int rc = cap__tmem_alloc_as(c, tid,
+                                restores ? CAP_RESIDENCY_RECOMPUTED
+                                         : CAP_RESIDENCY_TEMPORARY,
+                                c->tensors[id].out_action, &p, true);
     if (rc < 0)
       return rc;
     ptrs[j] = p;
-    if (tid == id || u->state == CAP__T_DROPPED) {
+    if (restores) {
       /* restored for good (DESIGN.md: one replay restores every dropped
        * tensor of the segment), filled by the callback */
       rc = push_u32(&r->restored, &r->n_restored, &r->cap_restored, tid);

@@ -90,22 +90,36 @@ cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor) {
   return NULL;
 }
 
-/* Wait for the oldest pending swap-out that frees device memory. */
-bool cap__retire_wait_one(cap_client_t *c) {
-  for (uint32_t i = 0; i < c->n_retire; i++) {
-    cap__retire_t *r = &c->retire[i];
-    if (r->tensor != CAP_NONE || r->dev) {
-      int64_t t0 = cap__now_ns(c->dev);
-      int st = cap__ev_sync(c->dev, r->ev);
-      int64_t w = cap__now_ns(c->dev) - t0;
-      c->it.stall_ns += w;
-      c->it.budget_waits++;
-      atomic_fetch_add(&c->ctr.stall_ns, w);
-      cap__retire_finish(c, r, st < 0 ? st : 1);
-      memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
-      c->n_retire--;
+/* Wait on the host for pending copy i, finish it and drop it from the
+ * queue; the wait counts as a stall. */
+static void wait_and_finish(cap_client_t *c, uint32_t i) {
+  cap__retire_t *r = &c->retire[i];
+  int64_t t0 = cap__now_ns(c->dev);
+  int st = cap__ev_sync(c->dev, r->ev);
+  int64_t w = cap__now_ns(c->dev) - t0;
+  c->it.stall_ns += w;
+  c->it.budget_waits++;
+  atomic_fetch_add(&c->ctr.stall_ns, w);
+  cap__retire_finish(c, r, st < 0 ? st : 1);
+  memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
+  c->n_retire--;
+}
+
+bool cap__retire_wait_dev(cap_client_t *c, const void *dev) {
+  for (uint32_t i = 0; i < c->n_retire; i++)
+    if (c->retire[i].dev == dev) {
+      wait_and_finish(c, i);
       return true;
     }
-  }
+  return false;
+}
+
+/* Wait for the oldest pending swap-out that frees device memory. */
+bool cap__retire_wait_one(cap_client_t *c) {
+  for (uint32_t i = 0; i < c->n_retire; i++)
+    if (c->retire[i].tensor != CAP_NONE || c->retire[i].dev) {
+      wait_and_finish(c, i);
+      return true;
+    }
   return false;
 }

@@ -12,10 +12,32 @@
 #include "client_impl.h"
 
 int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict) {
+  const cap__tensor_t *t = &c->tensors[id];
+  /* Why it is allocated, from its state: a first touch, or a swap-in (of a
+   * weight the plan's placement moved out at install: into its first
+   * block). */
+  if (t->state == CAP__T_HOST && t->out_action == CAP_NONE && t->persistent &&
+      cap__placed_alloc(c, id, CAP_RESIDENCY_PERSISTENT, CAP_NONE, p) == 0)
+    return 0;
+  if (t->state == CAP__T_HOST)
+    return cap__tmem_alloc_as(c, id, CAP_RESIDENCY_SWAPPED_IN, t->out_action,
+                              p, may_evict);
+  return cap__tmem_alloc_as(c, id, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, p,
+                            may_evict);
+}
+
+int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
+                       uint32_t action, void **p, bool may_evict) {
   cap__tensor_t *t = &c->tensors[id];
   uint64_t bytes = t->bytes ? t->bytes : 1;
-  if (!t->framework)
+  if (!t->framework) {
+    /* At its planned address when the plan places it, else the allocator. */
+    if (cap__placed_alloc(c, id, kind, action, p) == 0) {
+      cap__note_peak(c);
+      return 0;
+    }
     return cap__alloc_for(c, bytes, p, may_evict);
+  }
   /* A prefetch (may_evict false) keeps to the budget; the access itself
    * cannot wait for memory the framework would have to give up. */
   if (!may_evict && !cap__dev_budget_has_room(c->dev, bytes)) {

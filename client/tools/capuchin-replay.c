@@ -75,7 +75,44 @@ static void usage(FILE *f) {
           "[--time-scale X]\n"
           "                       [--no-daemon] [--json] [--verify "
           "sample|full] [--job NAME]\n"
-          "                       [--device-uuid UUID]\n");
+          "                       [--device-uuid UUID] [--plan FILE]\n");
+}
+
+/* A plan written by capuchin-sim --emit-plan for this trace, installed at
+ * the next iteration (a plan from the daemon replaces it). */
+static int load_plan_file(cap_client_t *c, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "capuchin-replay: %s: %s\n", path, strerror(errno));
+    return CAP_EIO;
+  }
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 1 << 16;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return CAP_ENOMEM;
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + len, 1, cap - len, f);
+    len += got;
+    if (got == 0)
+      break;
+  }
+  int rc = ferror(f) ? CAP_EIO : 0;
+  fclose(f);
+  if (!rc)
+    rc = cap_client_load_plan_json(c, buf, len);
+  if (rc < 0)
+    fprintf(stderr, "capuchin-replay: %s: %s\n", path,
+            rc == CAP_EPARSE ? cap_client_last_error(c) : cap_strerror(rc));
+  free(buf);
+  return rc;
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -156,18 +193,20 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
            ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
            ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64
-           ",\"lru_evictions\":%u,\"budget_waits\":%u",
+           ",\"lru_evictions\":%u,\"budget_waits\":%u"
+           ",\"placed_allocs\":%u,\"placement_misses\":%u",
            first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
            s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
            s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
            s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes,
-           s->lru_evictions, s->budget_waits);
+           s->lru_evictions, s->budget_waits, s->placed_allocs,
+           s->placement_misses);
     if (w->first_error[0]) {
       printf(",\"first_error\":\"");
       json_str(w->first_error);
       putchar('"');
     }
-    if (s->refused_actions) {
+    if (s->refused_actions || s->plan_note[0]) {
       printf(",\"refused_actions\":%u,\"plan_note\":\"", s->refused_actions);
       json_str(s->plan_note);
       putchar('"');
@@ -190,6 +229,9 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
              s->refused_actions, s->plan_note);
     if (w->errors)
       printf("     first error: %s\n", w->first_error);
+    if (s->placement_misses)
+      printf("     placement: %u allocations at their planned address, %u "
+             "found it taken\n", s->placed_allocs, s->placement_misses);
   }
   fflush(stdout);
 }
@@ -325,13 +367,15 @@ static int run_iteration(replay_t *r, row_t *row) {
 
 int main(int argc, char **argv) {
   const char *trace = NULL, *budget_s = NULL, *socket = NULL, *backend = NULL,
-             *job = NULL, *verify = "sample", *device_uuid = NULL;
+             *job = NULL, *verify = "sample", *device_uuid = NULL,
+             *plan_file = NULL;
   uint64_t iterations = 6;
   double scale = 1.0;
   bool no_daemon = false, json = false;
   int fail_recompute = 0, fail_alloc = 0;
   enum { O_TRACE = 1, O_ITER, O_BUDGET, O_SOCKET, O_BACKEND, O_SCALE, O_NODAEMON,
-         O_JSON, O_VERIFY, O_JOB, O_UUID, O_FAILREC, O_FAILALLOC, O_HELP };
+         O_JSON, O_VERIFY, O_JOB, O_UUID, O_FAILREC, O_FAILALLOC, O_PLAN,
+         O_HELP };
   static const struct option opts[] = {
       {"trace", required_argument, 0, O_TRACE},
       {"iterations", required_argument, 0, O_ITER},
@@ -346,6 +390,7 @@ int main(int argc, char **argv) {
       {"device-uuid", required_argument, 0, O_UUID},
       {"fail-recompute", required_argument, 0, O_FAILREC},
       {"fail-alloc", required_argument, 0, O_FAILALLOC},
+      {"plan", required_argument, 0, O_PLAN},
       {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
   int o;
@@ -413,6 +458,9 @@ int main(int argc, char **argv) {
       if (parse_u64(optarg, &v) < 0 || v > 100000000)
         return usage(stderr), 64;
       fail_alloc = (int)v;
+      break;
+    case O_PLAN:
+      plan_file = optarg;
       break;
     case O_HELP:
       usage(stdout);
@@ -536,6 +584,12 @@ int main(int argc, char **argv) {
     total_err += row.errors;
     print_row(&row, json, i == 0, scale);
     prev_version = row.st.plan_version;
+    /* A plan from a file names this job's tensors: it goes in once the
+     * first iteration has declared them. */
+    if (i == 0 && plan_file && (rc = load_plan_file(c, plan_file)) < 0) {
+      status = 1;
+      break;
+    }
     /* Give the daemon a moment to plan after the measured iteration, as a
      * framework's data loader would. */
     if (row.st.mode == CAP_MODE_MEASURED)

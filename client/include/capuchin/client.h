@@ -198,6 +198,12 @@ typedef struct cap_iter_stats {
                               aten.native_batch_norm_backward: recompute of
                               tensor 506 (action 12) needs tensor 503, ..."),
                               "" when none */
+  /* Placement (a plan that gives its blocks addresses): allocations made at
+   * their planned offset, and those that found their block still taken by
+   * a tensor the plan expected gone (they came from the allocator
+   * instead). */
+  uint32_t placed_allocs;
+  uint32_t placement_misses;
 } cap_iter_stats_t;
 
 /* End the iteration: report IterationEnd (and prefetch feedback in guided
