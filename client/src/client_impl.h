@@ -154,6 +154,8 @@ void cap__dev_region_close(cap__dev_t *d);
 int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
                          void **busy);
 int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p);
+bool cap__dev_in_region(cap__dev_t *d, const void *p);
+bool cap__dev_has_region(cap__dev_t *d);
 /* Whether the bytes in use leave room for `bytes` (a failure is then
  * fragmentation, not the budget). */
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);

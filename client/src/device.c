@@ -220,6 +220,12 @@ int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
   return cap__region_take(&d->region, off, len, p, busy);
 }
 
+bool cap__dev_has_region(cap__dev_t *d) { return d->region.base != NULL; }
+
+bool cap__dev_in_region(cap__dev_t *d, const void *p) {
+  return cap__region_contains(&d->region, p);
+}
+
 int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p) {
   return cap__region_share(&d->region, off, len, p);
 }

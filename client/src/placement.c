@@ -37,9 +37,33 @@ static uint32_t lookup(const cap__xplan_t *x, uint32_t tensor, uint32_t kind,
  * the device, weights mostly, sit where earlier iterations left them), they
  * go to the host once, the region is made first, and they come back on
  * demand around it: a one-time cost per installed placement. */
+/* The tensors living in the region (weights the last plan brought back,
+ * tensors kept across the iteration's boundary) go to the host, and the
+ * region back to the allocator: a plan without placement, or one whose
+ * arena is larger, needs the room. */
+static int close_region(cap_client_t *c) {
+  if (!cap__dev_has_region(c->dev))
+    return 0;
+  cap__reap(c, true);
+  for (uint32_t id = 0; id < c->n_tensors; id++) {
+    const cap__tensor_t *t = &c->tensors[id];
+    int rc;
+    if (t->state == CAP__T_DEVICE && t->dev && cap__dev_in_region(c->dev, t->dev) &&
+        (rc = cap__swap_out(c, id, CAP_NONE, true)) < 0)
+      return rc;
+  }
+  cap__dev_region_close(c->dev);
+  return 0;
+}
+
 static int open_region(cap_client_t *c, const cap__xplan_t *x) {
   uint64_t bytes = x->plan->arena_bytes;
   int rc = cap__dev_region_open(c->dev, bytes);
+  if (rc == CAP_ESTATE) { /* a smaller one still has tensors in it */
+    if ((rc = close_region(c)) < 0)
+      return rc;
+    rc = cap__dev_region_open(c->dev, bytes);
+  }
   if (rc != CAP_EBUDGET)
     return rc;
   cap__reap(c, true);
@@ -72,7 +96,8 @@ static int open_region(cap_client_t *c, const cap__xplan_t *x) {
 int cap__placement_index(cap_client_t *c, cap__xplan_t *x) {
   const cap_plan_t *plan = x->plan;
   if (!plan->n_blocks || c->fw_alloc)
-    return 0; /* nothing placed, or the framework places its tensors */
+    return close_region(c); /* nothing placed, or the framework places its
+                               tensors: the allocator gets the room back */
   uint32_t cap = 16;
   while (cap < 2 * plan->n_blocks)
     cap *= 2;
