@@ -272,6 +272,10 @@ typedef struct cap__xplan {
  * say (cap_block_t), take its block. 0 with *p, or CAP_ENOENT: no block
  * (or it could not be had), allocate elsewhere. */
 int cap__placement_index(cap_client_t *c, cap__xplan_t *x);
+/* The installed plan stops placing: its region's tensors go to the host and
+ * the region back to the allocator (a budget cut must be able to give the
+ * memory back; the plan for the new budget brings its own). */
+int cap__placement_drop(cap_client_t *c);
 int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                       uint32_t action, void **p);
 

@@ -223,6 +223,10 @@ static uint32_t device_owner(const cap_client_t *c, const void *ptr) {
 static uint64_t give_back(cap_client_t *c, uint64_t budget) {
   cap__reap(c, true); /* swap-outs in flight hold their memory until done */
   uint64_t held = cap__dev_trim(c->dev);
+  if (held > budget) {
+    cap__placement_drop(c); /* the region is one allocation no tensor owns */
+    held = cap__dev_trim(c->dev);
+  }
   size_t max = (size_t)c->n_tensors + 1;
   void **ptrs = malloc(max * sizeof *ptrs);
   while (ptrs && held > budget) {

@@ -144,6 +144,13 @@ static bool takes_over(const cap_client_t *c, const cap_block_t *bl,
   return false;
 }
 
+int cap__placement_drop(cap_client_t *c) {
+  free(c->x.block_of);
+  c->x.block_of = NULL;
+  c->x.block_mask = 0;
+  return close_region(c);
+}
+
 int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                       uint32_t action, void **p) {
   if (c->mode != CAP_MODE_GUIDED)
