@@ -332,6 +332,27 @@ static void test_iterations(void) {
   CHECK_EQ(query(args), 1);
 }
 
+/* Render an SVG in headless Chromium when it is installed: the picture must
+ * load and paint (a blank or broken page is a small PNG). */
+static void render(const char *svg, const char *png_name) {
+  if (system("command -v chromium >/dev/null 2>&1") != 0) {
+    printf("  chromium not installed: rendering check skipped\n");
+    return;
+  }
+  char cmd[4096], png[600];
+  snprintf(png, sizeof png, "%s", path_in(png_name));
+  snprintf(cmd, sizeof cmd,
+           "timeout 60 chromium --headless --no-sandbox --disable-gpu "
+           "--disable-background-networking --disable-component-update "
+           "--disable-sync --no-first-run --user-data-dir='%s' "
+           "--screenshot='%s' --window-size=1200,700 'file://%s' "
+           ">/dev/null 2>&1",
+           path_in("chromium-profile"), png, svg);
+  int st = system(cmd);
+  struct stat sb;
+  CHECK(st == 0 && stat(png, &sb) == 0 && sb.st_size > 10000);
+}
+
 static void test_timeline(void) {
   char args[2048];
   char svg[600]; /* path_in's buffers rotate: keep a copy */
@@ -356,23 +377,7 @@ static void test_timeline(void) {
              svg);
     CHECK(system(cmd) == 0);
   }
-  /* Optional: render it in headless Chromium when installed. */
-  if (system("command -v chromium >/dev/null 2>&1") == 0) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "timeout 60 chromium --headless --no-sandbox --disable-gpu "
-             "--disable-background-networking --disable-component-update "
-             "--disable-sync --no-first-run --user-data-dir='%s' "
-             "--screenshot='%s' --window-size=1200,700 'file://%s' "
-             ">/dev/null 2>&1",
-             path_in("chromium-profile"), path_in("timeline.png"), svg);
-    int st = system(cmd);
-    struct stat sb;
-    CHECK(st == 0 && stat(path_in("timeline.png"), &sb) == 0 &&
-          sb.st_size > 10000);
-  } else {
-    printf("  chromium not installed: rendering check skipped\n");
-  }
+  render(svg, "timeline.png");
   snprintf(args, sizeof args, "--db '%s' timeline %lld", db_path,
            (long long)plan2);
   CHECK_EQ(query(args), 64);
@@ -408,20 +413,7 @@ static void test_placement(void) {
              p2->n_blocks, svg);
     CHECK(system(cmd) == 0);
   }
-  if (system("command -v chromium >/dev/null 2>&1") == 0) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "timeout 60 chromium --headless --no-sandbox --disable-gpu "
-             "--disable-background-networking --disable-component-update "
-             "--disable-sync --no-first-run --user-data-dir='%s' "
-             "--screenshot='%s' --window-size=1200,700 'file://%s' "
-             ">/dev/null 2>&1",
-             path_in("chromium-profile"), path_in("placement.png"), svg);
-    int st = system(cmd);
-    struct stat sb;
-    CHECK(st == 0 && stat(path_in("placement.png"), &sb) == 0 &&
-          sb.st_size > 10000);
-  }
+  render(svg, "placement.png");
   /* Plan 1 has no stored placement: placed now, and said so. */
   snprintf(args, sizeof args, "--db '%s' timeline %lld --placement --svg '%s'",
            db_path, (long long)plan1, svg);
