@@ -137,6 +137,10 @@ bool cap__region_contains(const cap__region_t *r, const void *p);
  * live allocation in the way, CAP_ERANGE outside the region, CAP_ENOMEM. */
 int cap__region_take(cap__region_t *r, uint64_t off, uint64_t len, void **p,
                      void **busy);
+/* Take the lowest free [off, off + len) of the region: what a plan did not
+ * place may use the room its placement leaves free at that time. 0 with
+ * *p, CAP_EBUDGET when no hole is that big. */
+int cap__region_take_any(cap__region_t *r, uint64_t len, void **p);
 /* Take over the live allocation at off for a second tensor of at most its
  * len (in-place sharing, placement.h): 0 with *p, CAP_ENOENT when no live
  * allocation starts at off or it is smaller. */
@@ -156,6 +160,7 @@ int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
 int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p);
 bool cap__dev_in_region(cap__dev_t *d, const void *p);
 bool cap__dev_has_region(cap__dev_t *d);
+int cap__dev_region_take_any(cap__dev_t *d, uint64_t len, void **p);
 /* Whether the bytes in use leave room for `bytes` (a failure is then
  * fragmentation, not the budget). */
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);

@@ -222,6 +222,13 @@ int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
 
 bool cap__dev_has_region(cap__dev_t *d) { return d->region.base != NULL; }
 
+int cap__dev_region_take_any(cap__dev_t *d, uint64_t len, void **p) {
+  if (!d->region.base)
+    return CAP_EBUDGET;
+  len = (len + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  return cap__region_take_any(&d->region, len ? len : CAP_BFC_GRANULE, p);
+}
+
 bool cap__dev_in_region(cap__dev_t *d, const void *p) {
   return cap__region_contains(&d->region, p);
 }

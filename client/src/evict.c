@@ -173,6 +173,12 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
                      (unsigned long long)bytes, cap_strerror(rc));
       return rc;
     }
+    /* What the plan did not place may use the room its placement leaves
+     * free now (the region's own check keeps it from any live block). */
+    if (cap__dev_region_take_any(c->dev, bytes, p) == 0) {
+      cap__note_peak(c);
+      return 0;
+    }
     /* Memory that finished copies hold comes back first, then memory that
      * running swap-outs will release, and only then do we swap out more. */
     uint32_t before = c->n_retire;

@@ -138,6 +138,13 @@ static bool takes_over(const cap_client_t *c, const cap_block_t *bl,
   uint32_t x = c->x.plan->blocks[bl->share].tensor;
   if (x >= c->n_tensors || c->tensors[x].dev != busy)
     return false;
+  /* Nobody may read the input after this op: not a swap-out the plan makes
+   * here, nor one the client makes instead of a recompute that failed. */
+  const cap__slot_t *s = cap__slot_at(&c->x, x, c->tensors[x].n_access + 1);
+  if (s && s->evict != CAP_NONE &&
+      (c->x.plan->actions[s->evict].method == CAP_METHOD_SWAP ||
+       c->x.fallback[s->evict]))
+    return false;
   for (uint32_t i = 0; i < c->op_n_in; i++)
     if (c->op_in[i] == x)
       return true;

@@ -66,6 +66,20 @@ int cap__region_take(cap__region_t *r, uint64_t off, uint64_t len, void **p,
   return 0;
 }
 
+int cap__region_take_any(cap__region_t *r, uint64_t len, void **p) {
+  uint64_t off = 0;
+  for (uint32_t k = 0; k <= r->n_live; k++) {
+    uint64_t end = k < r->n_live ? r->live[k].off : r->bytes;
+    if (end >= off + len) {
+      void *busy;
+      return cap__region_take(r, off, len, p, &busy);
+    }
+    if (k < r->n_live)
+      off = r->live[k].off + r->live[k].len;
+  }
+  return CAP_EBUDGET;
+}
+
 int cap__region_share(cap__region_t *r, uint64_t off, uint64_t len, void **p) {
   uint32_t k = first_at_or_after(r, off);
   if (!r->base || k == r->n_live || r->live[k].off != off || r->live[k].len < len)

@@ -569,6 +569,13 @@ int main(int argc, char **argv) {
   int64_t total_mm = 0, total_err = 0;
   int status = 0;
   uint32_t prev_version = 0;
+  /* How long a measured iteration waits for its plan: 3 s, as a data
+   * loader's pause; longer where planning is slow (sanitizer builds). */
+  uint32_t plan_wait_ms = 3000;
+  const char *wait_env = getenv("CAPUCHIN_REPLAY_PLAN_WAIT_MS");
+  uint64_t wait_v;
+  if (wait_env && parse_u64(wait_env, &wait_v) == 0 && wait_v <= 600000)
+    plan_wait_ms = (uint32_t)wait_v;
   bool infeasible = false;
   for (uint64_t i = 0; i < iterations; i++) {
     row_t row = {0};
@@ -593,7 +600,7 @@ int main(int argc, char **argv) {
     /* Give the daemon a moment to plan after the measured iteration, as a
      * framework's data loader would. */
     if (row.st.mode == CAP_MODE_MEASURED)
-      cap_client_wait_plan(c, row.st.plan_version, 3000);
+      cap_client_wait_plan(c, row.st.plan_version, plan_wait_ms);
     cap_client_stats_t cs;
     cap_client_get_stats(c, &cs);
     if (cs.min_budget_bytes) {
