@@ -28,6 +28,7 @@
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
+#include "json_field.h"
 
 #define MAX_CELLS 256
 #define FLOOR_PCT -1.0 /* pct of the floor + 5 % cell */
@@ -48,37 +49,6 @@ typedef struct cell {
   double before_pct;
   bool have_before;
 } cell_t;
-
-/* The value of "key" in one line of flat JSON: a number, or a string copied
- * into str. False when absent. Enough for the files this bench reads. */
-static bool json_field(const char *line, const char *key, double *num, char *str,
-                       size_t str_len) {
-  char pat[80];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *p = strstr(line, pat);
-  if (!p)
-    return false;
-  p += strlen(pat);
-  while (*p == ' ')
-    p++;
-  if (*p == '"') {
-    const char *e = strchr(++p, '"');
-    if (!e || !str || (size_t)(e - p) >= str_len)
-      return false;
-    memcpy(str, p, (size_t)(e - p));
-    str[e - p] = '\0';
-    return true;
-  }
-  if (!num)
-    return false;
-  if (!strncmp(p, "null", 4) || !strncmp(p, "NaN", 3)) {
-    *num = NAN;
-    return true;
-  }
-  char *end;
-  *num = strtod(p, &end);
-  return end != p;
-}
 
 static int cmp_cell(const void *a, const void *b) {
   const cell_t *x = a, *y = b;
@@ -105,19 +75,19 @@ static int read_bound(const char *path, cell_t *cells, size_t *n) {
     memset(&c, 0, sizeof c);
     char mode[32], status[32];
     double pct, budget, floor_b, peak, persistent, lb = NAN;
-    if (!json_field(line, "trace", NULL, c.trace, sizeof c.trace) ||
-        !json_field(line, "mode", NULL, mode, sizeof mode) ||
-        !json_field(line, "status", NULL, status, sizeof status) ||
-        !json_field(line, "pct", &pct, NULL, 0) ||
-        !json_field(line, "budget_bytes", &budget, NULL, 0) ||
-        !json_field(line, "min_budget_bytes", &floor_b, NULL, 0) ||
-        !json_field(line, "peak_bytes", &peak, NULL, 0) ||
-        !json_field(line, "persistent_bytes", &persistent, NULL, 0)) {
+    if (!cap_json_field(line, "trace", NULL, c.trace, sizeof c.trace) ||
+        !cap_json_field(line, "mode", NULL, mode, sizeof mode) ||
+        !cap_json_field(line, "status", NULL, status, sizeof status) ||
+        !cap_json_field(line, "pct", &pct, NULL, 0) ||
+        !cap_json_field(line, "budget_bytes", &budget, NULL, 0) ||
+        !cap_json_field(line, "min_budget_bytes", &floor_b, NULL, 0) ||
+        !cap_json_field(line, "peak_bytes", &peak, NULL, 0) ||
+        !cap_json_field(line, "persistent_bytes", &persistent, NULL, 0)) {
       fprintf(stderr, "%s: a row without the fields this bench reads\n", path);
       fclose(f);
       return -1;
     }
-    json_field(line, "lb_overhead_pct", &lb, NULL, 0);
+    cap_json_field(line, "lb_overhead_pct", &lb, NULL, 0);
     c.evict_persistent = !strcmp(mode, "evict-persistent");
     c.before_pct = NAN;
     if (pct >= 100)
@@ -156,11 +126,11 @@ static int read_before(const char *path, cell_t *cells, size_t n) {
   while (fgets(line, sizeof line, f)) {
     char trace[64];
     double ep, pct, feasible, cap;
-    if (!json_field(line, "trace", NULL, trace, sizeof trace) ||
-        !json_field(line, "evict_persistent", &ep, NULL, 0) ||
-        !json_field(line, "pct", &pct, NULL, 0) ||
-        !json_field(line, "feasible", &feasible, NULL, 0) ||
-        !json_field(line, "capuchin_pct", &cap, NULL, 0))
+    if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
+        !cap_json_field(line, "evict_persistent", &ep, NULL, 0) ||
+        !cap_json_field(line, "pct", &pct, NULL, 0) ||
+        !cap_json_field(line, "feasible", &feasible, NULL, 0) ||
+        !cap_json_field(line, "capuchin_pct", &cap, NULL, 0))
       continue;
     for (size_t i = 0; i < n; i++)
       if (!strcmp(cells[i].trace, trace) && cells[i].evict_persistent == (ep != 0) &&

@@ -17,6 +17,7 @@
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
+#include "json_field.h"
 
 typedef struct row {
   char trace[64];
@@ -25,29 +26,6 @@ typedef struct row {
   uint64_t budget_bytes, floor_bytes, peak_bytes, persistent_bytes;
   bool feasible;
 } row_t;
-
-static bool field(const char *line, const char *key, double *num, char *str,
-                  size_t len) {
-  char pat[80];
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *p = strstr(line, pat);
-  if (!p)
-    return false;
-  p += strlen(pat);
-  if (*p == '"') {
-    const char *e = strchr(++p, '"');
-    if (!e || !str || (size_t)(e - p) >= len)
-      return false;
-    memcpy(str, p, (size_t)(e - p));
-    str[e - p] = '\0';
-    return true;
-  }
-  if (!num)
-    return false;
-  char *end;
-  *num = strtod(p, &end);
-  return end != p;
-}
 
 static void read_rows(row_t *rows, size_t max, size_t *n_out) {
   FILE *f = fopen(cap_test_data("lower_bound_results.jsonl"), "r");
@@ -60,14 +38,14 @@ static void read_rows(row_t *rows, size_t max, size_t *n_out) {
     memset(&r, 0, sizeof r);
     char mode[32], status[32];
     double pct, budget, fl, peak, pers;
-    REQUIRE(field(line, "trace", NULL, r.trace, sizeof r.trace) &&
-            field(line, "mode", NULL, mode, sizeof mode) &&
-            field(line, "status", NULL, status, sizeof status) &&
-            field(line, "pct", &pct, NULL, 0) &&
-            field(line, "budget_bytes", &budget, NULL, 0) &&
-            field(line, "min_budget_bytes", &fl, NULL, 0) &&
-            field(line, "peak_bytes", &peak, NULL, 0) &&
-            field(line, "persistent_bytes", &pers, NULL, 0));
+    REQUIRE(cap_json_field(line, "trace", NULL, r.trace, sizeof r.trace) &&
+            cap_json_field(line, "mode", NULL, mode, sizeof mode) &&
+            cap_json_field(line, "status", NULL, status, sizeof status) &&
+            cap_json_field(line, "pct", &pct, NULL, 0) &&
+            cap_json_field(line, "budget_bytes", &budget, NULL, 0) &&
+            cap_json_field(line, "min_budget_bytes", &fl, NULL, 0) &&
+            cap_json_field(line, "peak_bytes", &peak, NULL, 0) &&
+            cap_json_field(line, "persistent_bytes", &pers, NULL, 0));
     r.evict_persistent = !strcmp(mode, "evict-persistent");
     r.pct = pct;
     r.budget_bytes = (uint64_t)budget;
