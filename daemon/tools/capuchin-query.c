@@ -659,13 +659,8 @@ static int cmd_placement(ctx_t *c, int64_t id, const char *svg) {
       goto out;
     }
   }
-  /* What stays outside the arena: the persistent bytes, less the weights
-   * the plan evicts (their blocks are in the arena). */
-  uint64_t outside = l.profile->persistent_bytes, live_peak = 0;
+  uint64_t outside = cap_plan_outside_arena(plan, l.profile), live_peak = 0;
   int64_t end_ns = l.profile->iter_ns;
-  for (uint32_t i = 0; i < plan->n_blocks; i++)
-    if (plan->blocks[i].kind == CAP_RESIDENCY_PERSISTENT)
-      outside -= plan->blocks[i].bytes < outside ? plan->blocks[i].bytes : outside;
   cap_sim_result_t sim;
   if (cap_sim_run(l.profile, plan, &l.bw, &sim) == 0) {
     end_ns = sim.iter_ns;

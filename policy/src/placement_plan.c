@@ -153,6 +153,14 @@ int cap_plan_attach_placement(cap_plan_t *plan, const cap_plan_placement_t *pp) 
   return rc;
 }
 
+uint64_t cap_plan_outside_arena(const cap_plan_t *plan, const cap_profile_t *p) {
+  uint64_t outside = p->persistent_bytes;
+  for (uint32_t i = 0; i < plan->n_blocks; i++)
+    if (plan->blocks[i].kind == CAP_RESIDENCY_PERSISTENT)
+      outside -= plan->blocks[i].bytes < outside ? plan->blocks[i].bytes : outside;
+  return outside;
+}
+
 int cap_plan_check_blocks(const cap_plan_t *plan, char *err, size_t err_len) {
   if (err && err_len)
     err[0] = '\0';

@@ -566,13 +566,8 @@ static int cmd_check(const sim_args_t *a, const cap_profile_t *p) {
   }
   r.rc = r.sim.peak_bytes <= plan->budget_bytes ? 0 : CAP_EINFEASIBLE;
   r.arena_bytes = plan->arena_bytes;
-  if (plan->n_blocks) {
-    uint64_t moved = 0; /* persistent tensors the plan evicts: in the arena */
-    for (uint32_t i = 0; i < plan->n_blocks; i++)
-      if (plan->blocks[i].kind == CAP_RESIDENCY_PERSISTENT)
-        moved += plan->blocks[i].bytes;
-    r.outside_bytes = p->persistent_bytes - moved;
-  }
+  if (plan->n_blocks)
+    r.outside_bytes = cap_plan_outside_arena(plan, p);
   print_results(a, plan->budget_bytes, p, base.iter_ns, &r, 1);
   int status = 0;
   if ((plan->predicted_peak_bytes &&

@@ -113,6 +113,12 @@ void cap_plan_placement_close(cap_plan_placement_t *pp);
 /* Give plan the blocks of placement pp (cap_plan_set_blocks). */
 int cap_plan_attach_placement(cap_plan_t *plan, const cap_plan_placement_t *pp);
 
+/* The device bytes a placed plan keeps outside its arena: the profile's
+ * persistent bytes, less the weights the plan evicts (their first blocks,
+ * CAP_RESIDENCY_PERSISTENT, are in the arena). persistent_bytes for a plan
+ * without blocks. */
+uint64_t cap_plan_outside_arena(const cap_plan_t *plan, const cap_profile_t *p);
+
 /* Check a plan's blocks: within its arena, tied blocks at one offset, and no
  * two that meet in time meeting in bytes (a shared pair excepted). Returns
  * 0, or CAP_EINVAL with a message naming the two tensors and when. */
