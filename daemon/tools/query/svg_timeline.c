@@ -8,35 +8,26 @@
 #include "capuchin/error.h"
 #include "svg_plot.h"
 
-#define ML CAP_SVG_ML
-#define MT CAP_SVG_MT
-#define PW CAP_SVG_PW
-#define PH CAP_SVG_PH
-#define HALO CAP_SVG_HALO
-
 #define C_UNMANAGED "#80868b"
 #define C_PLANNED "#1a73e8"
 #define C_BUDGET "#d93025"
 #define C_FLOOR "#5f6368"
 
-/* x in ms, y in MiB. */
-typedef cap_svg_scale_t scale_t;
-static double px_x(const scale_t *s, double ms) { return cap_svg_x(s, ms); }
-static double px_y(const scale_t *s, double mib) { return cap_svg_y(s, mib); }
+/* The plot's x is in ms, its y in MiB. */
 
 /* The step curve of c as a path; closed to the x axis when `area`. */
-static void curve_path(FILE *f, const scale_t *s, const cap_curve_t *c,
+static void curve_path(FILE *f, const cap_svg_scale_t *s, const cap_curve_t *c,
                        int64_t end_ns, bool area) {
   if (c->n_points == 0)
     return;
-  double x0 = px_x(s, (double)c->points[0].t_ns / 1e6);
-  double last_x = x0, last_y = px_y(s, (double)c->points[0].bytes / 1048576.0);
-  fprintf(f, "M%.1f,%.1f", x0, area ? px_y(s, 0) : last_y);
+  double x0 = cap_svg_x(s, (double)c->points[0].t_ns / 1e6);
+  double last_x = x0, last_y = cap_svg_y(s, (double)c->points[0].bytes / 1048576.0);
+  fprintf(f, "M%.1f,%.1f", x0, area ? cap_svg_y(s, 0) : last_y);
   if (area)
     fprintf(f, "V%.1f", last_y);
   for (uint32_t i = 1; i < c->n_points; i++) {
-    double x = px_x(s, (double)c->points[i].t_ns / 1e6);
-    double y = px_y(s, (double)c->points[i].bytes / 1048576.0);
+    double x = cap_svg_x(s, (double)c->points[i].t_ns / 1e6);
+    double y = cap_svg_y(s, (double)c->points[i].bytes / 1048576.0);
     if (fabs(y - last_y) < 0.05)
       continue; /* same height: the step continues */
     if (x - last_x >= 0.05)
@@ -45,28 +36,28 @@ static void curve_path(FILE *f, const scale_t *s, const cap_curve_t *c,
     last_x = x;
     last_y = y;
   }
-  double xe = px_x(s, (double)end_ns / 1e6);
+  double xe = cap_svg_x(s, (double)end_ns / 1e6);
   if (xe > last_x)
     fprintf(f, "H%.1f", xe);
   if (area)
-    fprintf(f, "V%.1fZ", px_y(s, 0));
+    fprintf(f, "V%.1fZ", cap_svg_y(s, 0));
 }
 
-static void peak_marker(FILE *f, const scale_t *s, const cap_curve_t *c,
+static void peak_marker(FILE *f, const cap_svg_scale_t *s, const cap_curve_t *c,
                         const char *color, const char *what, bool above) {
-  double mx = px_x(s, (double)c->peak_t_ns / 1e6);
+  double mx = cap_svg_x(s, (double)c->peak_t_ns / 1e6);
   double mib = (double)c->peak_bytes / 1048576.0;
-  double my = px_y(s, mib);
+  double my = cap_svg_y(s, mib);
   char n[32];
   cap_svg_num(n, sizeof n, mib);
-  bool right = mx > ML + PW * 0.62;
+  bool right = mx > CAP_SVG_ML + CAP_SVG_PW * 0.62;
   fprintf(f,
           "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4.5\" fill=\"%s\" "
           "stroke=\"#fff\" stroke-width=\"1.5\"/>\n",
           mx, my, color);
   fprintf(f,
           "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12.5\" fill=\"%s\" "
-          "font-weight=\"bold\" text-anchor=\"%s\" " HALO ">%s peak %s MiB "
+          "font-weight=\"bold\" text-anchor=\"%s\" " CAP_SVG_HALO ">%s peak %s MiB "
           "at %.1f ms</text>\n",
           mx + (right ? -8 : 8), my + (above ? -9 : 17), color,
           right ? "end" : "start", what, n, (double)c->peak_t_ns / 1e6);
@@ -88,7 +79,7 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
     top = (double)pl->peak_bytes;
   if ((double)tl->budget_bytes > top)
     top = (double)tl->budget_bytes;
-  scale_t s = cap_svg_scale(end_ms, top / 1048576.0);
+  cap_svg_scale_t s = cap_svg_scale(end_ms, top / 1048576.0);
 
   cap_svg_begin(f, tl->title, tl->subtitle);
   cap_svg_grid(f, &s, "time in the iteration (ms)", "device memory (MiB)");
@@ -117,26 +108,26 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
 
   /* Persistent floor and budget line, labelled at the right end. */
   if (tl->persistent_bytes) {
-    double y = px_y(&s, (double)tl->persistent_bytes / 1048576.0);
+    double y = cap_svg_y(&s, (double)tl->persistent_bytes / 1048576.0);
     cap_svg_num(a, sizeof a, (double)tl->persistent_bytes / 1048576.0);
     fprintf(f,
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"1.2\" stroke-dasharray=\"2 3\"/>\n"
-            "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" " HALO
+            "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" fill=\"%s\" " CAP_SVG_HALO
             ">persistent (weights, inputs) %s MiB</text>\n",
-            ML, y, ML + PW, y, C_FLOOR, ML + 8,
+            CAP_SVG_ML, y, CAP_SVG_ML + CAP_SVG_PW, y, C_FLOOR, CAP_SVG_ML + 8,
             /* Below the floor no curve ever goes: label there when it fits. */
-            px_y(&s, 0) - y >= 20 ? y + 15 : y - 6, C_FLOOR, a);
+            cap_svg_y(&s, 0) - y >= 20 ? y + 15 : y - 6, C_FLOOR, a);
   }
   if (tl->budget_bytes) {
-    double y = px_y(&s, (double)tl->budget_bytes / 1048576.0);
+    double y = cap_svg_y(&s, (double)tl->budget_bytes / 1048576.0);
     cap_svg_num(a, sizeof a, (double)tl->budget_bytes / 1048576.0);
     fprintf(f,
             "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
             "stroke-width=\"2\" stroke-dasharray=\"9 5\"/>\n"
             "<text x=\"%d\" y=\"%.1f\" font-size=\"12.5\" font-weight=\"bold\" "
-            "fill=\"%s\" " HALO ">budget %s MiB</text>\n",
-            ML, y, ML + PW, y, C_BUDGET, ML + 8, y - 7, C_BUDGET, a);
+            "fill=\"%s\" " CAP_SVG_HALO ">budget %s MiB</text>\n",
+            CAP_SVG_ML, y, CAP_SVG_ML + CAP_SVG_PW, y, C_BUDGET, CAP_SVG_ML + 8, y - 7, C_BUDGET, a);
   }
 
   /* Peaks. The planned one is labelled below its marker when it sits
@@ -147,7 +138,7 @@ int cap_svg_timeline_write(FILE *f, const cap_svg_timeline_t *tl) {
 
   /* Legend: one row between the subtitle and the plot, clear of every
    * curve and label. */
-  int x = ML, y = MT - 22;
+  int x = CAP_SVG_ML, y = CAP_SVG_MT - 22;
   fputs("<g font-size=\"13\" fill=\"#202124\">\n", f);
   fprintf(f,
           "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"10\" fill=\"%s\" "
