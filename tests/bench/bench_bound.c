@@ -29,6 +29,7 @@
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
 #include "json_field.h"
+#include "bench_time.h"
 
 #define MAX_CELLS 256
 #define FLOOR_PCT -1.0 /* pct of the floor + 5 % cell */
@@ -143,12 +144,6 @@ static int read_before(const char *path, cell_t *cells, size_t n) {
   return 0;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, c->budget_bytes);
@@ -213,11 +208,6 @@ static void fmt_cell(const cell_t *c, char *buf, size_t len) {
     snprintf(r, sizeof r, " (%.1fx)", q);
   snprintf(buf, len, "%s / %s%s%s", bound, cap, r,
            meets_halfway(c) ? "" : " !");
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 static void print_table(const cell_t *cells, size_t n, bool have_before) {

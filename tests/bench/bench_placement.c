@@ -23,17 +23,7 @@
 #include "capuchin/placement.h"
 #include "capuchin/planner.h"
 #include "capuchin/trace.h"
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+#include "bench_time.h"
 
 static const char *const traces[] = {"resnet50",     "vgg16",     "inception_v3",
                                      "mobilenet_v2", "bert_base", "bert_large",

@@ -22,23 +22,13 @@
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
 #include "synth_profile.h"
+#include "bench_time.h"
 
 /* Path of a file under tests/data/ (the source tree's, as the tests use). */
 static const char *data_path(const char *rel) {
   static char buf[4096];
   snprintf(buf, sizeof buf, "%s/tests/data/%s", CAP_SOURCE_DIR, rel);
   return buf;
-}
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 /* Median planning time over `runs`; *rc_out gets the last result code. */

@@ -17,18 +17,13 @@
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
 #include "capuchin/trace.h"
+#include "bench_time.h"
 
 static const char *const traces[] = {
     "resnet50", "vgg16", "inception_v3", "mobilenet_v2",
     "bert_base", "bert_large", "gpt2_small",
 };
 static const double pcts[] = {80, 60, 50, 40, 30};
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* A synthetic training iteration of n ops: a chain of `layers` forward ops
  * (each producing an activation read by the next and by its backward op),
