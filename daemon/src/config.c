@@ -63,8 +63,8 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   /* Measured on the sim backend at 50 % (resnet50, bert_large): 4 % left
    * the allocator too little room against fragmentation, 8 % costs more in
    * the plan than it saves; 6 % was fastest for both. */
-  cfg->placement = true;
-  cfg->alloc_headroom_pct = 0.0;
+  cfg->placement = false;
+  cfg->alloc_headroom_pct = 6.0;
 }
 
 int cap_daemon_parse_bytes(const char *s, uint64_t *out) {

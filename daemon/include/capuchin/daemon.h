@@ -65,11 +65,13 @@ typedef struct cap_daemon_config {
    * only when no plan without it fits the budget. */
   cap_evict_persistent_t evict_persistent;
   /* Plans give every block an address (docs/placement.md): the budget a
-   * plan meets is its placement's, persistent bytes plus the arena (true). */
+   * plan meets is its placement's, persistent bytes plus the arena. Off by
+   * default until an allocation the plan did not place can always find
+   * room beside the region (false). */
   bool placement;
   /* Plans aim this many percent under the budget where they can, so that
-   * the client's allocator has free space to absorb fragmentation (0: with
-   * placement there is none to absorb; 6 is what worked without). */
+   * the client's allocator has free space to absorb fragmentation (6; 0
+   * suits placement, which leaves none to absorb). */
   double alloc_headroom_pct;
   uint32_t stall_probe_ms;    /* >0: measure loop stalls with a timer */
 } cap_daemon_config_t;
