@@ -206,8 +206,11 @@ static chunk *best_fit(cap_bfc_t *a, size_t bytes) {
 
 /* ---- arenas ---- */
 
-static bool budget_allows(const cap_bfc_t *a, size_t rounded) {
-  return !a->cfg.budget_bytes || a->st.in_use_bytes + rounded <= a->cfg.budget_bytes;
+/* unused: bytes in use that hold nothing (cap_bfc_alloc_beyond_limit). */
+static bool budget_allows(const cap_bfc_t *a, size_t rounded, uint64_t unused) {
+  uint64_t used = a->st.in_use_bytes - (unused < a->st.in_use_bytes ? unused
+                                                                     : a->st.in_use_bytes);
+  return !a->cfg.budget_bytes || used + rounded <= a->cfg.budget_bytes;
 }
 
 /* Take a new arena big enough for `rounded` within `limit` arena bytes (0:
@@ -348,13 +351,14 @@ void cap_bfc_destroy(cap_bfc_t *a) {
 
 /* beyond_limit: when no free chunk fits, take an arena of just the request
  * even past the arena limit (the bytes in use still keep to the budget). */
-static int alloc(cap_bfc_t *a, size_t bytes, void **ptr, bool beyond_limit) {
+static int alloc(cap_bfc_t *a, size_t bytes, void **ptr, bool beyond_limit,
+                 uint64_t unused) {
   if (!a || !ptr || bytes == 0 || bytes > SIZE_MAX / 2)
     return CAP_EINVAL;
   size_t rounded = round_up(bytes);
   int rc = 0;
   pthread_mutex_lock(&a->mu);
-  if (!budget_allows(a, rounded)) {
+  if (!budget_allows(a, rounded, unused)) {
     a->st.budget_failures++;
     rc = CAP_EBUDGET;
     goto out_unlock;
@@ -418,11 +422,12 @@ out_unlock:
 }
 
 int cap_bfc_alloc(cap_bfc_t *a, size_t bytes, void **ptr) {
-  return alloc(a, bytes, ptr, false);
+  return alloc(a, bytes, ptr, false, 0);
 }
 
-int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, void **ptr) {
-  return alloc(a, bytes, ptr, true);
+int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, uint64_t unused_bytes,
+                               void **ptr) {
+  return alloc(a, bytes, ptr, true, unused_bytes);
 }
 
 int cap_bfc_free(cap_bfc_t *a, void *ptr) {
@@ -485,7 +490,7 @@ bool cap_bfc_fits(cap_bfc_t *a, size_t bytes) {
     return false;
   size_t rounded = round_up(bytes);
   pthread_mutex_lock(&a->mu);
-  bool ok = budget_allows(a, rounded);
+  bool ok = budget_allows(a, rounded, 0);
   if (ok && !best_fit(a, rounded)) {
     uint64_t left = 0;
     if (!a->cfg.arena_limit_bytes)

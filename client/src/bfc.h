@@ -131,8 +131,12 @@ int cap_bfc_find_window(cap_bfc_t *a, size_t bytes,
 /* As cap_bfc_alloc, but when no free chunk fits and the arena limit leaves
  * no room, take one more arena of just the request past the limit (the
  * bytes in use still keep to the budget). For an allocation that must not
- * fail for fragmentation alone, after everything movable was moved. */
-int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, void **ptr);
+ * fail for fragmentation alone, after everything movable was moved.
+ * `unused_bytes` of what is in use hold nothing (the free room of a
+ * sub-allocator inside one allocation, the client's placement region): the
+ * budget does not count them. */
+int cap_bfc_alloc_beyond_limit(cap_bfc_t *a, size_t bytes, uint64_t unused_bytes,
+                               void **ptr);
 
 /* Change the budget (and the arena limit with it unless one was configured).
  * Lowering it below the bytes in use is allowed: allocations fail until

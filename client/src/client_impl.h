@@ -106,7 +106,9 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p);
  * can move: take an arena of just this size past the budget's arenas. */
 int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p);
 void cap__dev_free(cap__dev_t *d, void *p);
-uint64_t cap__dev_in_use(cap__dev_t *d); /* framework-owned bytes included */
+/* Bytes tensors use: framework-owned ones included, the region's free room
+ * not. */
+uint64_t cap__dev_in_use(cap__dev_t *d);
 /* Count `bytes` of framework-owned tensor memory in (add) or out of the
  * bytes in use (model 2: the client tracks them, the framework holds them). */
 void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add);
@@ -130,6 +132,7 @@ typedef struct cap__region {
                          output that took over its input's block) */
   } *live;       /* sorted by off, disjoint */
   uint32_t n_live, cap_live;
+  uint64_t live_bytes; /* the sum of the live allocations' len */
 } cap__region_t;
 
 bool cap__region_contains(const cap__region_t *r, const void *p);
@@ -147,6 +150,16 @@ int cap__region_take_any(cap__region_t *r, uint64_t len, void **p);
 int cap__region_share(cap__region_t *r, uint64_t off, uint64_t len, void **p);
 /* Give back the allocation at p; false when p is not in the region. */
 bool cap__region_give(cap__region_t *r, const void *p);
+/* What an allocation the plan did not place does when no hole is big
+ * enough: the window of `len` bytes whose live allocations, once evicted,
+ * cost least (the sum of len x weight(ctx, ptr); weight 0, or a shared
+ * block, may not move), as cap_bfc_find_window does for the allocator.
+ * Writes those allocations' starts to out and returns their count (0: a
+ * hole fits already), CAP_ENOENT when no window qualifies or one needs
+ * more than max_out. */
+int cap__region_find_window(const cap__region_t *r, uint64_t len,
+                            uint32_t (*weight)(void *ctx, const void *ptr),
+                            void *ctx, void **out, size_t max_out);
 
 /* The device's region: open one of at least `bytes` (0 when one that size
  * is open already; CAP_ESTATE when a smaller one still has allocations
@@ -169,6 +182,14 @@ bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes);
 int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
                          uint32_t (*weight)(void *ctx, const void *ptr),
                          void *ctx, void **out, size_t max_out);
+/* The same in the region (cap__region_find_window). */
+int cap__dev_region_find_window(cap__dev_t *d, uint64_t bytes,
+                                uint32_t (*weight)(void *ctx, const void *ptr),
+                                void *ctx, void **out, size_t max_out);
+/* Whether the bytes tensors use (the region's free room not counted, as an
+ * arena's free chunks are not) leave room for `bytes`: the test for the
+ * last resort, an allocation past the allocator's arenas. */
+bool cap__dev_use_has_room(cap__dev_t *d, uint64_t bytes);
 int cap__dev_set_budget(cap__dev_t *d, uint64_t bytes);
 void cap__dev_fault_copy(cap__dev_t *d, uint32_t nth);
 int cap__host_alloc(cap__dev_t *d, uint64_t bytes, void **p);

@@ -179,8 +179,15 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
   return cap_bfc_alloc(d->dev_bfc, bytes ? bytes : 1, p);
 }
 
+/* The region is one allocation of the allocator, but what the job uses is
+ * what lives in it: its free room counts as an arena's free chunks do. */
+static uint64_t region_free(const cap__dev_t *d) {
+  return d->region.base ? d->region.bytes - d->region.live_bytes : 0;
+}
+
 int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p) {
-  return cap_bfc_alloc_beyond_limit(d->dev_bfc, bytes ? bytes : 1, p);
+  return cap_bfc_alloc_beyond_limit(d->dev_bfc, bytes ? bytes : 1,
+                                    region_free(d), p);
 }
 
 void cap__dev_free(cap__dev_t *d, void *p) {
@@ -215,8 +222,15 @@ void cap__dev_region_close(cap__dev_t *d) {
   memset(&d->region, 0, sizeof d->region);
 }
 
+/* The region's room is part of the budget, already counted; only an
+ * allocation past the arenas (cap__dev_alloc_beyond_arena) can have
+ * borrowed it. */
 int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
                          void **busy) {
+  if (busy)
+    *busy = NULL;
+  if (!cap__dev_use_has_room(d, len))
+    return CAP_EBUDGET;
   return cap__region_take(&d->region, off, len, p, busy);
 }
 
@@ -226,6 +240,8 @@ int cap__dev_region_take_any(cap__dev_t *d, uint64_t len, void **p) {
   if (!d->region.base)
     return CAP_EBUDGET;
   len = (len + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  if (!cap__dev_use_has_room(d, len))
+    return CAP_EBUDGET;
   return cap__region_take_any(&d->region, len ? len : CAP_BFC_GRANULE, p);
 }
 
@@ -240,7 +256,7 @@ int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p) {
 uint64_t cap__dev_in_use(cap__dev_t *d) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
-  return st.in_use_bytes + d->framework_bytes;
+  return st.in_use_bytes - region_free(d) + d->framework_bytes;
 }
 
 void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add) {
@@ -273,11 +289,28 @@ bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes) {
          st.in_use_bytes + d->framework_bytes + rounded <= st.budget_bytes;
 }
 
+bool cap__dev_use_has_room(cap__dev_t *d, uint64_t bytes) {
+  uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  cap_bfc_stats_t st;
+  cap_bfc_stats(d->dev_bfc, &st);
+  return !st.budget_bytes ||
+         st.in_use_bytes - region_free(d) + d->framework_bytes + rounded <=
+             st.budget_bytes;
+}
+
 int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
                          uint32_t (*weight)(void *ctx, const void *ptr),
                          void *ctx, void **out, size_t max_out) {
   return cap_bfc_find_window(d->dev_bfc, bytes ? bytes : 1, weight, ctx,
                              out, max_out);
+}
+
+int cap__dev_region_find_window(cap__dev_t *d, uint64_t bytes,
+                                uint32_t (*weight)(void *ctx, const void *ptr),
+                                void *ctx, void **out, size_t max_out) {
+  bytes = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  return cap__region_find_window(&d->region, bytes ? bytes : CAP_BFC_GRANULE,
+                                 weight, ctx, out, max_out);
 }
 
 int cap__host_alloc(cap__dev_t *d, uint64_t bytes, void **p) {

@@ -124,7 +124,10 @@ static uint32_t owner_weight(void *ctx, const void *ptr) {
 
 #define DEFRAG_MAX 64u /* tensors one window may evict */
 
-static bool evict_window(cap_client_t *c, uint64_t bytes) {
+/* in_region: a window of the placement's region (for what the plan did
+ * not place, when no hole of the region is big enough), else of the
+ * allocator. */
+static bool evict_window(cap_client_t *c, uint64_t bytes, bool in_region) {
   owners_t o = {malloc((c->n_tensors ? c->n_tensors : 1) * sizeof *o.v), 0};
   if (!o.v)
     return false;
@@ -139,7 +142,10 @@ static bool evict_window(cap_client_t *c, uint64_t bytes) {
     o.v[i].weight = 1 + (uint32_t)((uint64_t)i * 16 / (o.n ? o.n : 1));
   qsort(o.v, o.n, sizeof *o.v, owner_cmp);
   void *win[DEFRAG_MAX];
-  int n = cap__dev_find_window(c->dev, bytes, owner_weight, &o, win, DEFRAG_MAX);
+  int n = in_region ? cap__dev_region_find_window(c->dev, bytes, owner_weight,
+                                                  &o, win, DEFRAG_MAX)
+                    : cap__dev_find_window(c->dev, bytes, owner_weight, &o,
+                                           win, DEFRAG_MAX);
   bool ok = n > 0;
   for (int i = 0; i < n && ok; i++) {
     const dev_owner_t *w = owner_of(&o, win[i]);
@@ -187,16 +193,19 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {
       continue;
     if (cap__retire_wait_one(c))
       continue;
+    if (may_evict && cap__dev_has_region(c->dev) && evict_window(c, bytes, true))
+      continue;
     if (may_evict && cap__dev_budget_has_room(c->dev, bytes) &&
-        evict_window(c, bytes))
+        evict_window(c, bytes, false))
       continue;
     if (may_evict && evict_lru(c))
       continue;
-    if (may_evict && cap__dev_budget_has_room(c->dev, bytes) &&
+    if (may_evict && cap__dev_use_has_room(c->dev, bytes) &&
         cap__dev_alloc_beyond_arena(c->dev, bytes, p) == 0) {
       /* Fragmentation with nothing left to move (the op's own tensors
-       * hold the holes apart): rather than fail the op, one more arena
-       * past the budget's; the bytes in use still keep to the budget. */
+       * hold the holes apart, in the allocator or in the region): rather
+       * than fail the op, one more arena past the budget's; the bytes in
+       * use still keep to the budget. */
       c->it.fallbacks++;
       atomic_fetch_add(&c->ctr.fallbacks, 1);
       cap__note_peak(c);

@@ -62,6 +62,7 @@ int cap__region_take(cap__region_t *r, uint64_t off, uint64_t len, void **p,
   r->live[k].len = len;
   r->live[k].sharers = 0;
   r->n_live++;
+  r->live_bytes += len;
   *p = r->base + off;
   return 0;
 }
@@ -97,8 +98,45 @@ bool cap__region_give(cap__region_t *r, const void *p) {
   if (k < r->n_live && r->live[k].off == off && r->live[k].sharers) {
     r->live[k].sharers--; /* the other tensor still holds it */
   } else if (k < r->n_live && r->live[k].off == off) {
+    r->live_bytes -= r->live[k].len;
     memmove(&r->live[k], &r->live[k + 1], (r->n_live - k - 1) * sizeof *r->live);
     r->n_live--;
   }
   return true;
+}
+
+int cap__region_find_window(const cap__region_t *r, uint64_t len,
+                            uint32_t (*weight)(void *ctx, const void *ptr),
+                            void *ctx, void **out, size_t max_out) {
+  if (!r->base || len == 0 || len > r->bytes)
+    return CAP_ENOENT;
+  /* A cheapest window starts at the region's start or where a live
+   * allocation ends (sliding it lower never takes in more). */
+  uint64_t best_cost = UINT64_MAX, best_off = 0;
+  for (uint32_t s = 0; s <= r->n_live; s++) {
+    uint64_t off = s == 0 ? 0 : r->live[s - 1].off + r->live[s - 1].len;
+    if (off > r->bytes - len)
+      break;
+    uint64_t cost = 0;
+    uint32_t n = 0;
+    for (uint32_t k = s; k < r->n_live && r->live[k].off < off + len; k++) {
+      uint32_t w = r->live[k].sharers ? 0 : weight(ctx, r->base + r->live[k].off);
+      if (w == 0 || ++n > max_out) {
+        cost = UINT64_MAX;
+        break;
+      }
+      cost += r->live[k].len * w;
+    }
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_off = off;
+    }
+  }
+  if (best_cost == UINT64_MAX)
+    return CAP_ENOENT;
+  int n = 0;
+  for (uint32_t k = first_at_or_after(r, best_off);
+       k < r->n_live && r->live[k].off < best_off + len; k++)
+    out[n++] = r->base + r->live[k].off;
+  return n;
 }

@@ -283,7 +283,7 @@ static void test_beyond_arena_limit(void) {
   CHECK_EQ(cap_bfc_free(a, p[0]), 0);
   CHECK_EQ(cap_bfc_free(a, p[2]), 0);
   CHECK_EQ(cap_bfc_alloc(a, 8192, &o), CAP_EBUDGET);
-  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 8192, &o), 0);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 8192, 0, &o), 0);
   cap_bfc_stats_t st;
   cap_bfc_stats(a, &st);
   CHECK_EQ(st.arenas, 2);
@@ -291,11 +291,15 @@ static void test_beyond_arena_limit(void) {
   CHECK_EQ(st.overflow_arenas, 1);
   CHECK_EQ(st.overflow_bytes, 8192);
   CHECK_EQ(st.in_use_bytes, 16384);
-  /* never past the budget itself */
-  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 256, &q), CAP_EBUDGET);
+  /* never past the budget itself, but for bytes in use that hold nothing
+   * (a sub-allocator's free room), and no further */
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 256, 0, &q), CAP_EBUDGET);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 512, 256, &q), CAP_EBUDGET);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 256, 256, &q), 0);
+  CHECK_EQ(cap_bfc_free(a, q), 0);
   /* a free chunk that fits is used, no arena taken */
   CHECK_EQ(cap_bfc_free(a, p[1]), 0);
-  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 4096, &q), 0);
+  CHECK_EQ(cap_bfc_alloc_beyond_limit(a, 4096, 0, &q), 0);
   cap_bfc_stats(a, &st);
   CHECK_EQ(st.arenas, 2);
   CHECK_EQ(cap_bfc_validate(a), 0);

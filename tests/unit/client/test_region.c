@@ -1,7 +1,8 @@
 /*
  * The placement region (client/src/region.c): blocks taken at offsets,
  * refused while a live allocation overlaps (naming it), shared by an output
- * that takes over its input's block, and given back in any order.
+ * that takes over its input's block, given back in any order, and the
+ * cheapest window to evict for an allocation the plan did not place.
  */
 #include <stdlib.h>
 
@@ -82,9 +83,60 @@ static void test_many(void) {
   free(r.live);
 }
 
+/* Weight: 0 (may not move) for the block at mem + 1024, else its index in
+ * a table so that tests can make blocks cheap or dear. */
+static uint32_t weights[16];
+static uint32_t weight_of(void *ctx, const void *ptr) {
+  (void)ctx;
+  return weights[((const uint8_t *)ptr - mem) / 256];
+}
+
+static void test_find_window(void) {
+  cap__region_t r = region();
+  void *p, *busy, *win[4];
+  /* Blocks of 256 at 0, 1024, 2048 and 3072, holes of 768 between them. */
+  for (int i = 0; i < 4; i++)
+    REQUIRE(cap__region_take(&r, (uint64_t)i * 1024, 256, &p, &busy) == 0);
+  CHECK_EQ(r.live_bytes, 1024);
+  for (int i = 0; i < 16; i++)
+    weights[i] = 1;
+  /* A hole fits: nothing to evict. */
+  CHECK_EQ(cap__region_find_window(&r, 768, weight_of, NULL, win, 4), 0);
+  /* 1024 needs one block out; any of the first three is as cheap: the
+   * lowest window, after nothing, [0, 1024), holds the block at 0. */
+  CHECK_EQ(cap__region_find_window(&r, 1024, weight_of, NULL, win, 4), 1);
+  CHECK(win[0] == mem);
+  /* The block at 0 dear, the one at 1024 fixed, the one at 2048 dearer
+   * than 3072: [256, 1280) is out, and [2304, 3328) (after 2048, holding
+   * 3072) is the cheapest. */
+  weights[0] = 16;
+  weights[4] = 0;
+  weights[8] = 2;
+  CHECK_EQ(cap__region_find_window(&r, 1024, weight_of, NULL, win, 4), 1);
+  CHECK(win[0] == mem + 3072);
+  /* 3000 bytes must take in the block at 1024 wherever it starts but at
+   * 1280, and from 1280 the region is too short: no window. */
+  CHECK_EQ(cap__region_find_window(&r, 3000, weight_of, NULL, win, 4), CAP_ENOENT);
+  /* Nor one that needs more blocks out than out has room for. */
+  weights[4] = 1;
+  weights[8] = 1;
+  CHECK_EQ(cap__region_find_window(&r, 4096, weight_of, NULL, win, 3), CAP_ENOENT);
+  CHECK_EQ(cap__region_find_window(&r, 4096, weight_of, NULL, win, 4), 4);
+  CHECK_EQ(cap__region_find_window(&r, 4097, weight_of, NULL, win, 4), CAP_ENOENT);
+  /* A shared block does not move either. */
+  REQUIRE(cap__region_share(&r, 3072, 256, &p) == 0);
+  CHECK_EQ(cap__region_find_window(&r, 4096, weight_of, NULL, win, 4), CAP_ENOENT);
+  CHECK(cap__region_give(&r, p));
+  for (int i = 0; i < 4; i++)
+    CHECK(cap__region_give(&r, mem + i * 1024));
+  CHECK_EQ(r.live_bytes, 0);
+  free(r.live);
+}
+
 int main(void) {
   RUN_TEST(test_take_and_give);
   RUN_TEST(test_share);
   RUN_TEST(test_many);
+  RUN_TEST(test_find_window);
   return TEST_SUMMARY();
 }
