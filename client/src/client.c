@@ -390,6 +390,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->it.plan_version = c->x.plan ? c->x.plan->version : 0;
   c->it.refused_actions = c->x.n_refused;
   memcpy(c->it.plan_note, c->x.note, sizeof c->it.plan_note);
+  if (c->mode == CAP_MODE_GUIDED)
+    cap__prefetch_persistent(c);
   c->n_fb = 0;
   c->op_seq = 0;
   c->transient_decl = 0;

@@ -304,6 +304,9 @@ int cap__placement_index(cap_client_t *c, cap__xplan_t *x);
 int cap__placement_drop(cap_client_t *c);
 int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                       uint32_t action, void **p);
+/* Whether the installed plan places that allocation (guided mode). */
+bool cap__placement_has(const cap_client_t *c, uint32_t id,
+                        cap_residency_kind_t kind, uint32_t action);
 
 /* A plan action named by what it evicts (unique within a plan). */
 typedef struct cap__action_key {
@@ -559,9 +562,14 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
- * room); make tensor id usable by the op being begun (is_output: the op
- * only writes it), whatever state it is in. */
+ * room), or into device memory dev already allocated for it (freed if the
+ * copy cannot start); make tensor id usable by the op being begun
+ * (is_output: the op only writes it), whatever state it is in. */
 int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict);
+int cap__swap_in_to(cap_client_t *c, uint32_t id, void *dev);
+/* At a guided iteration's start, persistent tensors on the host that no
+ * plan action holds there start coming back (restore.c). */
+void cap__prefetch_persistent(cap_client_t *c);
 int cap__ensure_resident(cap_client_t *c, uint32_t id, bool is_output);
 
 /* Remember that the action evicting tensor after access failed: every

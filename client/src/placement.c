@@ -151,6 +151,11 @@ static bool takes_over(const cap_client_t *c, const cap_block_t *bl,
   return false;
 }
 
+bool cap__placement_has(const cap_client_t *c, uint32_t id,
+                         cap_residency_kind_t kind, uint32_t action) {
+  return c->mode == CAP_MODE_GUIDED && lookup(&c->x, id, kind, action) != CAP_NONE;
+}
+
 int cap__placement_drop(cap_client_t *c) {
   free(c->x.block_of);
   c->x.block_of = NULL;

@@ -13,13 +13,15 @@
 #include "client_impl.h"
 
 int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
-  cap__tensor_t *t = &c->tensors[id];
   void *dev = NULL;
-  cap__ev_t *ev = NULL;
   int rc = cap__tmem_alloc(c, id, &dev, may_evict);
-  if (rc < 0)
-    return rc;
-  rc = cap__copy_h2d(c->dev, dev, t->host, t->bytes, &ev);
+  return rc < 0 ? rc : cap__swap_in_to(c, id, dev);
+}
+
+int cap__swap_in_to(cap_client_t *c, uint32_t id, void *dev) {
+  cap__tensor_t *t = &c->tensors[id];
+  cap__ev_t *ev = NULL;
+  int rc = cap__copy_h2d(c->dev, dev, t->host, t->bytes, &ev);
   if (rc < 0) {
     cap__tmem_free(c, id, dev);
     return rc;
@@ -33,6 +35,32 @@ int cap__swap_in_start(cap_client_t *c, uint32_t id, bool may_evict) {
   c->it.bytes_in += t->bytes;
   atomic_fetch_add(&c->ctr.bytes_in, t->bytes);
   return 0;
+}
+
+/* A plan has every persistent tensor on the device when an iteration
+ * starts (one it evicts, in its block of the arena). Those on the host
+ * with no action of the plan holding them there (moved out of the
+ * region's way when the plan was installed, or by the measured iteration's
+ * evictions on demand) start coming back now rather than at their first
+ * access: into their block when the plan places them, else from the
+ * allocator (not the region's holes, where the plan's blocks go) without
+ * evicting anything. Any that cannot come back yet come back at their
+ * access. */
+void cap__prefetch_persistent(cap_client_t *c) {
+  for (uint32_t id = 0; id < c->n_tensors; id++) {
+    const cap__tensor_t *t = &c->tensors[id];
+    if (t->state != CAP__T_HOST || t->out_action != CAP_NONE || !t->persistent ||
+        t->framework)
+      continue;
+    void *dev = NULL;
+    int rc = cap__placement_has(c, id, CAP_RESIDENCY_PERSISTENT, CAP_NONE)
+                 ? cap__placed_alloc(c, id, CAP_RESIDENCY_PERSISTENT, CAP_NONE, &dev)
+                 : cap__dev_alloc(c->dev, t->bytes ? t->bytes : 1, &dev);
+    if (rc == 0) {
+      cap__note_peak(c);
+      (void)cap__swap_in_to(c, id, dev);
+    }
+  }
 }
 
 static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {

@@ -60,11 +60,13 @@ void cap_daemon_config_init(cap_daemon_config_t *cfg) {
   cfg->db_mode = 0600;
   cfg->bw_tolerance = 0.2;
   snprintf(cfg->planner, sizeof cfg->planner, "capuchin");
-  /* Measured on the sim backend at 50 % (resnet50, bert_large): 4 % left
-   * the allocator too little room against fragmentation, 8 % costs more in
-   * the plan than it saves; 6 % was fastest for both. */
-  cfg->placement = false;
-  cfg->alloc_headroom_pct = 6.0;
+  /* Plans place their blocks, so no headroom is given away for the
+   * allocator's fragmentation (docs/placement.md). Without placement, 6 %
+   * was fastest on the sim backend at 50 % (resnet50, bert_large): 4 % left
+   * the allocator too little room, 8 % cost more in the plan than it
+   * saved. */
+  cfg->placement = true;
+  cfg->alloc_headroom_pct = 0;
 }
 
 int cap_daemon_parse_bytes(const char *s, uint64_t *out) {

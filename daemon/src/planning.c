@@ -109,14 +109,19 @@ static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
 }
 
 /* A plan whose actions changed gets its placement anew. A refinement whose
- * placement no longer fits the budget is undone (*before holds the plan as
- * it was; NULL for a fallback, which stays whatever its placement). */
+ * placement no longer fits the budget is undone, and so is one whose arena
+ * outgrows the plan in force's: the client would have to move everything
+ * out of its region to make a bigger one, a cost the refinement's gain
+ * does not pay (*before holds the plan as it was; NULL for a fallback,
+ * which stays whatever its placement). */
 static int replace_placement(cap__task_t *t, uint64_t budget,
                              cap_plan_t **before) {
   cap_plan_placement_t pp;
   int rc = cap_plan_place(t->profile, t->plan_in, &t->bw, CAP_PLACE_BEST, &pp);
   if (rc == 0 && *before &&
-      pp.persistent_bytes + pp.placement.arena_bytes > budget) {
+      (pp.persistent_bytes + pp.placement.arena_bytes > budget ||
+       ((*before)->arena_bytes &&
+        pp.placement.arena_bytes > (*before)->arena_bytes))) {
     cap_plan_placement_close(&pp);
     cap_plan_destroy(t->plan_in);
     t->plan_in = *before; /* unchanged: nothing is pushed */

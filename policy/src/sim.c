@@ -67,7 +67,7 @@ enum { DIR_D2H = 0, DIR_H2D = 1 };
 typedef struct {
   uint32_t tensor;
   uint8_t issued, started, done;
-  int64_t end_t;
+  int64_t issue_t, end_t;
 } copy_t;
 
 typedef struct {
@@ -109,6 +109,7 @@ typedef struct {
   bool *had_res;      /* tensor -> has had an interval */
   uint32_t op;        /* the op being prepared or run */
   bool op_started;
+  int64_t op_start_ns, op_end_ns; /* the op's run, once started */
   int err;
 } sim_t;
 
@@ -167,9 +168,14 @@ static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
   return s->n_res++;
 }
 
+/* A stay ends when the client gives the memory back, which it does between
+ * ops: what is freed, or whose swap-out ends, while an op runs stays held
+ * until that op's end. */
 static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out) {
   if (r == CAP_NONE)
     return;
+  if (s->op_started && t >= s->op_start_ns && t < s->op_end_ns)
+    t = s->op_end_ns;
   s->res[r].end_ns = t;
   s->res[r].last_op = s->op_started ? s->op : s->op - 1;
   s->res[r].copied_out = copied_out;
@@ -288,7 +294,10 @@ static bool start_idle(sim_t *s, int64_t t) {
       tens_t *tt = &s->t[c->tensor];
       if (tt->state == CAP__TS_HOST) {
         tt->state = CAP__TS_SWAP_IN;
-        t_alloc(s, c->tensor, t, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
+        /* The memory counts from the copy's start, but the client holds it
+         * from the issue (it allocates, then queues the copy). */
+        mem_change(s, t, (int64_t)tt->bytes);
+        open_residency(s, c->tensor, c->issue_t, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
       }
     }
     changed = true;
@@ -345,6 +354,7 @@ static void issue_copy(sim_t *s, uint32_t ci, int64_t t) {
   if (c->issued)
     return;
   c->issued = 1;
+  c->issue_t = t;
   engine_t *e = &s->eng[ci & 1];
   e->q[e->tail++] = ci;
   settle(s, t);
@@ -723,6 +733,8 @@ static void simulate(sim_t *s) {
     int64_t start = t;
     advance_to(s, start);
     s->op_started = true;
+    s->op_start_ns = start;
+    s->op_end_ns = start + (o->end_ns - o->start_ns);
     for (uint32_t k = s->trig_off[i]; k < s->trig_off[i + 1]; k++) {
       uint32_t ai = s->trig[k];
       tens_t *tt = &s->t[plan->actions[ai].tensor];

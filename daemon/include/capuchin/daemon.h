@@ -65,13 +65,11 @@ typedef struct cap_daemon_config {
    * only when no plan without it fits the budget. */
   cap_evict_persistent_t evict_persistent;
   /* Plans give every block an address (docs/placement.md): the budget a
-   * plan meets is its placement's, persistent bytes plus the arena. Off by
-   * default until an allocation the plan did not place can always find
-   * room beside the region (false). */
+   * plan meets is its placement's, persistent bytes plus the arena (true). */
   bool placement;
   /* Plans aim this many percent under the budget where they can, so that
-   * the client's allocator has free space to absorb fragmentation (6; 0
-   * suits placement, which leaves none to absorb). */
+   * the client's allocator has free space to absorb fragmentation (0:
+   * placement leaves none to absorb; 6 suits plans without placement). */
   double alloc_headroom_pct;
   uint32_t stall_probe_ms;    /* >0: measure loop stalls with a timer */
 } cap_daemon_config_t;

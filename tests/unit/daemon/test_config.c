@@ -71,15 +71,15 @@ static void test_defaults_and_set(void) {
   CHECK(cap_daemon_config_set(&c, "evict-persistent", "maybe", err,
                               sizeof err) == CAP_EINVAL);
   CHECK(strstr(err, "auto, yes or no") != NULL);
-  CHECK(!c.placement);
-  CHECK(cap_daemon_config_set(&c, "placement", "yes", err, sizeof err) == 0);
   CHECK(c.placement);
   CHECK(cap_daemon_config_set(&c, "placement", "off", err, sizeof err) == 0);
   CHECK(!c.placement);
+  CHECK(cap_daemon_config_set(&c, "placement", "yes", err, sizeof err) == 0);
+  CHECK(c.placement);
   CHECK(cap_daemon_config_set(&c, "placement", "sometimes", err, sizeof err) ==
         CAP_EINVAL);
   CHECK(strstr(err, "yes or no") != NULL);
-  CHECK(c.alloc_headroom_pct == 6.0);
+  CHECK(c.alloc_headroom_pct == 0);
   CHECK(cap_daemon_config_set(&c, "alloc-headroom", "2.5%", err, sizeof err) == 0);
   CHECK(c.alloc_headroom_pct == 2.5);
   CHECK(cap_daemon_config_set(&c, "alloc-headroom", "0", err, sizeof err) == 0);

@@ -88,6 +88,43 @@ static void test_sharing_refused_for_non_elementwise(void) {
  * placement passes the check, its live peak is the simulator's peak minus
  * what stays outside the arena (up to the 256-byte rounding of each
  * interval and instantaneous temporaries), and the best arena is within 3 % of that peak. */
+/* The client gives memory back between ops: x, freed while op1 runs (t 25
+ * of [20, 40)), holds its block until op1's end, so that nothing the
+ * client allocates during op1 (a prefetch, a recompute) can be placed over
+ * it; z, made by op2, may take its bytes. */
+static void test_free_during_an_op_holds_to_its_end(void) {
+  /* op0 makes x and w; op1 reads w, makes y; x (last read by op0) is freed
+   * at 25, while op1 runs; op2 reads y, makes z. */
+  cap_profile_t *p = cap_profile_create();
+  REQUIRE(p);
+  uint32_t x = 0, w = 1, y = 2, z = 3, xw[2] = {x, w};
+  int rc = 0;
+  for (uint32_t t = 0; t < 4 && rc == 0; t++)
+    rc = cap_profile_add_tensor(p, t, MiB, CAP_KIND_ACTIVATION);
+  rc = rc ? rc : cap_profile_add_op(p, 0, 0, 10, "aten.mm.default", NULL, 0, xw, 2);
+  rc = rc ? rc : cap_profile_add_op(p, 1, 20, 40, "aten.mm.default", &w, 1, &y, 1);
+  rc = rc ? rc : cap_profile_add_free(p, 25, x);
+  rc = rc ? rc : cap_profile_add_free(p, 45, w);
+  rc = rc ? rc : cap_profile_add_op(p, 2, 50, 60, "aten.mm.default", &y, 1, &z, 1);
+  rc = rc ? rc : cap_profile_add_free(p, 70, y);
+  rc = rc ? rc : cap_profile_add_free(p, 71, z);
+  rc = rc ? rc : cap_profile_finish(p);
+  REQUIRE(rc == 0);
+  const cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  cap_plan_placement_t pp;
+  REQUIRE(cap_plan_place(p, NULL, &bw, CAP_PLACE_BEST, &pp) == 0);
+  REQUIRE(pp.n == 4);
+  for (uint32_t i = 0; i < pp.n; i++)
+    if (pp.intervals[i].tensor == x) {
+      CHECK_EQ(pp.intervals[i].start_ns, 0);
+      CHECK_EQ(pp.intervals[i].end_ns, 40); /* not 25 */
+    }
+  /* x, w and y live together in op1; z takes x's (or w's) bytes. */
+  CHECK_EQ(pp.placement.arena_bytes, 3 * MiB);
+  cap_plan_placement_close(&pp);
+  cap_profile_destroy(p);
+}
+
 static void test_traces(void) {
   const char *traces[] = {"resnet50",  "vgg16",      "inception_v3", "mobilenet_v2",
                           "bert_base", "bert_large", "gpt2_small"};
@@ -185,6 +222,7 @@ int main(void) {
   RUN_TEST(test_sharing_where_correct);
   RUN_TEST(test_sharing_refused_when_input_lives_on);
   RUN_TEST(test_sharing_refused_for_non_elementwise);
+  RUN_TEST(test_free_during_an_op_holds_to_its_end);
   RUN_TEST(test_traces);
   RUN_TEST(test_planning_with_placement);
   return TEST_SUMMARY();
