@@ -3,11 +3,14 @@
 # and capuchin-replay (sim backend) on resnet50 and bert_large at 50 %, RUNS
 # runs each way, every run measuring its own first iteration. Prints per
 # model and way: the median and 90th percentile of the guided iterations,
-# the median prediction, guided iterations within the budget, iterations
+# the median prediction, the median of each iteration's time over its own
+# plan's prediction, guided iterations within the budget, iterations
 # with a synchronous eviction for want of a hole (lru_evictions > 0),
 # placement misses, and integrity mismatches + op errors.
 #
-#   tests/bench/bench_placement_e2e.sh [BUILD_DIR]   (RUNS=5 SCALE=10 MODELS=...)
+#   tests/bench/bench_placement_e2e.sh [BUILD_DIR]   (RUNS=5 SCALE=10 MODELS=...
+#                                                    ROWS_DIR=D keeps every
+#                                                    iteration's JSON line)
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${1:-$src/build}/bin
@@ -28,12 +31,15 @@ start_daemon() { # capuchind options
   echo "capuchind did not start"; cat "$tmp/d.log"; exit 1
 }
 
-printf '%-11s %-14s %5s %9s %9s %9s %12s %10s %7s %6s\n' model way runs \
-  "median ms" "p90 ms" "pred ms" "in budget" "sync-evict" misses bad
+printf '%-11s %-14s %5s %9s %9s %9s %8s %12s %10s %7s %6s\n' model way runs \
+  "median ms" "p90 ms" "pred ms" "vs pred" "in budget" "sync-evict" misses bad
+# The two ways alternate run by run, so that a machine whose load changes
+# while the bench runs weighs on both alike.
 for model in $models; do
-  for way in placement headroom; do
-    : >"$tmp/rows"
-    for r in $(seq "$runs"); do
+  : >"$tmp/rows-placement"
+  : >"$tmp/rows-headroom"
+  for r in $(seq "$runs"); do
+    for way in placement headroom; do
       if [ $way = placement ]; then
         start_daemon --placement yes --alloc-headroom 0
       else
@@ -41,9 +47,13 @@ for model in $models; do
       fi
       "$bin/capuchin-replay" --trace "$src/tests/data/traces/$model.trace" \
         --budget 50% --iterations 6 --socket "$tmp/d.sock" --time-scale "$scale" \
-        --json --job "bench-$model-$r" 2>/dev/null | grep '"iteration"' >>"$tmp/rows"
+        --json --job "bench-$model-$r" 2>/dev/null | grep '"iteration"' >>"$tmp/rows-$way"
     done
-    /usr/bin/python3 - "$tmp/rows" "$model" "$way" "$runs" <<'EOF'
+  done
+  [ -n "${ROWS_DIR:-}" ] && cp "$tmp/rows-placement" "$ROWS_DIR/$model-placement.jsonl" &&
+    cp "$tmp/rows-headroom" "$ROWS_DIR/$model-headroom.jsonl"
+  for way in placement headroom; do
+    /usr/bin/python3 - "$tmp/rows-$way" "$model" "$way" "$runs" <<'EOF2'
 import json, sys, statistics
 rows = [json.loads(l.strip().lstrip('[,').rstrip(',]')) for l in open(sys.argv[1]) if l.strip()]
 g = [r for r in rows if r["mode"] == "guided"]
@@ -57,8 +67,11 @@ pred = statistics.median(r["predicted_ns"] / 1e6 for r in g)
 inb = sum(r["peak_bytes"] <= r["budget_bytes"] for r in g)
 sync = sum(r["lru_evictions"] > 0 for r in g)
 miss = sum(r.get("placement_misses", 0) for r in g)
+# Each run plans from its own measured iteration: compare each iteration
+# with its own plan's prediction.
+vs = statistics.median(r["time_ns"] / r["predicted_ns"] for r in g if r["predicted_ns"])
 print(f"{sys.argv[2]:<11} {sys.argv[3]:<14} {sys.argv[4]:>5} {statistics.median(t):9.2f} "
-      f"{p90:9.2f} {pred:9.2f} {inb:>5}/{len(g):<6} {sync:>10} {miss:>7} {bad:>6}")
-EOF
+      f"{p90:9.2f} {pred:9.2f} {vs:8.3f} {inb:>5}/{len(g):<6} {sync:>10} {miss:>7} {bad:>6}")
+EOF2
   done
 done
