@@ -22,7 +22,9 @@
  * simulator: a small portfolio of orders (paper order, MSPS weighted by how
  * much of the over-budget region a choice covers, one ranking for swaps and
  * recomputes, aiming a little under the budget, stricter or looser pushing
- * back of queued swap-outs) whose best simulated plan wins; several
+ * back of queued swap-outs, copies booked at each direction's full rate,
+ * hidden swaps given first to the tensors costliest to replay) whose best
+ * simulated plan wins; several
  * evictions per tensor (every access gap is a candidate); nested restores
  * (a replay may use a source the plan drops or swaps, and brings it back).
  */
@@ -171,12 +173,15 @@ static bool eff_gap(const cap__ctx_t *c, uint32_t gi, cap__gap_t *eg) {
 /* --- phase 1: hidden swaps by free time ------------------------------------ */
 
 typedef struct {
+  double rank; /* descending: the order phase 1 tries the gaps in */
   int64_t ft;
   uint32_t gi;
 } ft_key_t;
 
 static int cmp_ft(const void *a, const void *b) {
   const ft_key_t *x = a, *y = b;
+  if (x->rank != y->rank)
+    return x->rank > y->rank ? -1 : 1;
   if (x->ft != y->ft)
     return x->ft > y->ft ? -1 : 1;
   return x->gi < y->gi ? -1 : x->gi > y->gi;
@@ -188,7 +193,7 @@ static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
     if (cap__memtree_max_all(&c->mem) <= target)
       return 0;
     if (order[i].ft <= 0)
-      break; /* cannot be hidden even with idle engines */
+      continue; /* cannot be hidden even with idle engines */
     cap__gap_t eg;
     const cap__gap_t *g = &eg;
     if (c->no_hidden[order[i].gi] || !eff_gap(c, order[i].gi, &eg))
@@ -498,6 +503,13 @@ typedef struct variant {
   /* Recompute lists may not fetch sources the plan swapped out (on
    * demand, before the list runs). No variant sets it today. */
   bool no_fetch;
+  /* Book copies at each direction's own bandwidth rather than at its share
+   * of the duplex bandwidth: optimistic where the other direction is idle. */
+  bool full_rate;
+  /* Phase 1 tries first the gaps whose replay costs the most per byte
+   * (no lineage: first of all), not the largest free time: the copy
+   * engines' time then goes where recompute would cost most. */
+  bool costly_first;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -521,6 +533,10 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   c.weigh_cover = v->weigh_cover;
   c.loose_push = v->loose_push;
   c.no_fetch = v->no_fetch;
+  if (v->full_rate) {
+    c.d2h_gbps = cfg->bw.d2h_gbps;
+    c.h2d_gbps = cfg->bw.h2d_gbps;
+  }
   cap_plan_t *best = NULL, *plan = NULL;
   ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
   if (!order) {
@@ -528,8 +544,20 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     goto out_close;
   }
   uint32_t n_order = 0;
-  for (uint32_t gi = 0; gi < c.n_gaps; gi++)
-    order[n_order++] = (ft_key_t){cap__ft_standalone(&c, &c.gaps[gi]), gi};
+  for (uint32_t gi = 0; gi < c.n_gaps; gi++) {
+    int64_t ft = cap__ft_standalone(&c, &c.gaps[gi]);
+    double rank = 0;
+    if (v->costly_first && ft > 0) {
+      int64_t cost, extra;
+      rc = cap__rc_build(&c, &c.gaps[gi], &cost, &extra);
+      if (rc == CAP_ENOMEM)
+        goto out_free;
+      rank = rc ? HUGE_VAL
+                : (double)cost / (double)(c.p->tensors[c.gaps[gi].tensor].bytes + 1);
+      rc = 0;
+    }
+    order[n_order++] = (ft_key_t){rank, ft, gi};
+  }
   qsort(order, n_order, sizeof *order, cmp_ft);
 
   int64_t budget = cfg->budget_bytes > (uint64_t)INT64_MAX
@@ -662,6 +690,19 @@ static const variant_t variants[] = {
     /* one ranking, plain MSPS, push back within the target */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
      .loose_push = false},
+    /* copies at full rate: in the forward pass no prefetch shares the
+     * duplex bandwidth, and the shared rate leaves a quarter of the D2H
+     * engine unbooked (the simulator checks what the optimism costs) */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true, .full_rate = true},
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = true, .full_rate = true},
+    /* the copy engines' time to the tensors costliest to replay per byte
+     * (a transformer's matrix products) rather than to the longest gaps */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true, .full_rate = true, .costly_first = true},
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true, .costly_first = true},
 };
 
 
