@@ -743,10 +743,12 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
 }
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
- * or not (0, or an error with *out NULL). */
+ * or not, *second the runner-up that fits, or NULL (0, or an error with
+ * both NULL). */
 static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                          cap_plan_t **out) {
+                          cap_plan_t **out, cap_plan_t **second) {
   *out = NULL;
+  *second = NULL;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
   size_t n_variants = sizeof variants / sizeof variants[0];
@@ -759,7 +761,7 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   }
   if (cap_plan_min_budget(p, cfg) > cfg->budget_bytes)
     n_variants = 1;
-  cap_plan_t *best = NULL;
+  cap_plan_t *best = NULL, *runner = NULL;
   /* the unmanaged iteration: no plan runs faster */
   cap_sim_result_t base;
   memset(&base, 0, sizeof base);
@@ -774,8 +776,12 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (rc)
       break;
     if (better(plan, best, cfg->budget_bytes)) {
-      cap_plan_destroy(best);
+      cap_plan_destroy(runner);
+      runner = best;
       best = plan;
+    } else if (better(plan, runner, cfg->budget_bytes)) {
+      cap_plan_destroy(runner);
+      runner = plan;
     } else {
       cap_plan_destroy(plan);
     }
@@ -789,9 +795,15 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
 
   if (rc) {
     cap_plan_destroy(best);
+    cap_plan_destroy(runner);
     return rc;
   }
+  if (runner && runner->predicted_peak_bytes > cfg->budget_bytes) {
+    cap_plan_destroy(runner);
+    runner = NULL;
+  }
   *out = best;
+  *second = runner;
   return 0;
 }
 
@@ -807,13 +819,15 @@ static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
 }
 
 /* The whole planner at one configuration: the portfolio, Belady's plan
- * where the portfolio finds none above the floor, then the local search.
- * *out is the best plan, fitting or not (0, or an error with *out NULL). */
+ * where the portfolio finds none above the floor, then the local search on
+ * the best plan and, with half the tries, on the portfolio's runner-up (the
+ * search may take it further). *out is the best plan, fitting or not (0, or an error with *out
+ * NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
-  cap_plan_t *best = NULL, *alt = NULL;
+  cap_plan_t *best = NULL, *alt = NULL, *second = NULL;
   *out = NULL;
-  int rc = plan_portfolio(p, cfg, &best);
+  int rc = plan_portfolio(p, cfg, &best, &second);
   if (rc)
     return rc;
   /* Near the floor the greedy's estimate runs out of choices before the
@@ -838,6 +852,14 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
   if (!rc)
     rc = cap__plan_improve(best, p, cfg, tries);
+  if (!rc && second) {
+    rc = cap__plan_improve(second, p, cfg, tries / 2);
+    if (!rc) {
+      keep_better(&best, second, cfg->budget_bytes);
+      second = NULL;
+    }
+  }
+  cap_plan_destroy(second);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

@@ -43,6 +43,9 @@ int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi);
 /* First / last op whose value is > x, or CAP_NONE. */
 uint32_t cap__memtree_first_above(const cap__memtree_t *t, int64_t x);
 uint32_t cap__memtree_last_above(const cap__memtree_t *t, int64_t x);
+/* Last op in [lo, hi) whose value is > x, or CAP_NONE. */
+uint32_t cap__memtree_last_above_in(const cap__memtree_t *t, uint32_t lo,
+                                    uint32_t hi, int64_t x);
 static inline int64_t cap__memtree_max_all(const cap__memtree_t *t) {
   return t->n ? t->mx[1] : 0;
 }

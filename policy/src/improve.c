@@ -45,11 +45,31 @@ static uint32_t find_action(const cap_plan_t *plan, uint32_t tensor, uint32_t k)
   return CAP_NONE;
 }
 
+/* Simulate a changed plan; *ok false when its lists cannot run as written
+ * (the simulator's walk refuses it). The whole check, cap_plan_validate,
+ * runs only on a change that is kept (keep()): most are refused for their
+ * time or their peak, and each check walks the plan once more. */
+static int simulate(cap_plan_t *next, const cap_profile_t *p,
+                    const cap_bandwidth_t *bw, bool *ok) {
+  int rc = cap__plan_predict(next, p, bw);
+  *ok = rc == 0;
+  return rc == CAP_EINVAL ? 0 : rc;
+}
+
+/* Whether the simulated change next is kept over plan: faster, no higher
+ * than limit at its peak, and valid. */
+static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
+                 const cap_profile_t *p, uint64_t limit) {
+  return next->predicted_peak_bytes <= limit &&
+         next->predicted_iter_ns < plan->predicted_iter_ns &&
+         cap_plan_validate(next, p, NULL, 0) == 0;
+}
+
 enum { TO_SWAP, DROP };
 
 /* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP), or
  * with the eviction of (tensor, k) left out (DROP: the tensor stays), made
- * explicit and simulated; NULL in *out when that is not a valid plan. */
+ * explicit and simulated; NULL in *out when its lists cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
@@ -85,12 +105,9 @@ explicit:;
     cap_plan_destroy(next);
     return rc;
   }
-  if (cap_plan_validate(next, p, NULL, 0) != 0) {
-    cap_plan_destroy(next);
-    return 0;
-  }
-  rc = cap__plan_predict(next, p, &cfg->bw);
-  if (rc) {
+  bool ok;
+  rc = simulate(next, p, &cfg->bw, &ok);
+  if (rc || !ok) {
     cap_plan_destroy(next);
     return rc;
   }
@@ -147,11 +164,9 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
   int rc = 0;
   if (any) {
     g->sims_left--;
-    bool valid = cap_plan_validate(next, g->p, NULL, 0) == 0;
-    if (valid)
-      rc = cap__plan_predict(next, g->p, &g->cfg->bw);
-    if (valid && !rc && next->predicted_peak_bytes <= g->limit &&
-        next->predicted_iter_ns < g->plan->predicted_iter_ns) {
+    bool ok;
+    rc = simulate(next, g->p, &g->cfg->bw, &ok);
+    if (ok && keep(next, g->plan, g->p, g->limit)) {
       cap_plan_t tmp = *g->plan;
       *g->plan = *next;
       *next = tmp;
@@ -253,8 +268,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     rc = try_change(plan, p, cfg, &cands[i], how, &next);
     if (rc || !next)
       continue;
-    if (next->predicted_peak_bytes <= limit &&
-        next->predicted_iter_ns < plan->predicted_iter_ns) {
+    if (keep(next, plan, p, limit)) {
       /* swap the contents: the caller's pointer stays valid */
       cap_plan_t tmp = *plan;
       *plan = *next;

@@ -90,16 +90,9 @@ uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
 uint32_t cap__trigger_earliest(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
                                uint32_t b, int64_t len_ns, int64_t not_before,
                                int64_t *start) {
-  /* memory over [t, b) only falls as t grows: the first t whose range is
-   * within the target (binary search) */
-  uint32_t lo = so_op, hi = b;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (cap__memtree_max(&c->mem, mid, b) > c->target)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  /* the first t after the last op of [so_op, b) over the target */
+  uint32_t over = cap__memtree_last_above_in(&c->mem, so_op, b, c->target);
+  uint32_t lo = over == CAP_NONE ? so_op : over + 1;
   const cap__engine_t *e = &c->h2d;
   for (uint32_t t = lo, steps = 0; t < b && steps < TRIGGER_MAX_STEPS; steps++) {
     int64_t st = c->op_start[t] > not_before ? c->op_start[t] : not_before;

@@ -49,6 +49,11 @@ static void test_memtree_brute_force(void) {
         }
       CHECK_EQ(cap__memtree_first_above(&t, x), f);
       CHECK_EQ(cap__memtree_last_above(&t, x), l);
+      uint32_t li = CAP_NONE;
+      for (uint32_t i = ql; i < qh; i++)
+        if (b[i] > x)
+          li = i;
+      CHECK_EQ(cap__memtree_last_above_in(&t, ql, qh, x), li);
     }
     CHECK_EQ(cap__memtree_max(&t, 3, 3), INT64_MIN);
     cap__memtree_close(&t);
