@@ -523,12 +523,26 @@ static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
   return a->predicted_peak_bytes < b->predicted_peak_bytes;
 }
 
+/* An eviction the greedy may not choose: tensor evicted after access k. */
+typedef struct ban {
+  uint32_t tensor, k;
+} ban_t;
+
 static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       const variant_t *v, cap_plan_t **out) {
+                       const variant_t *v, const ban_t *bans, uint32_t n_bans,
+                       cap_plan_t **out) {
   cap__ctx_t c;
   int rc = cap__ctx_init(&c, p, cfg);
   if (rc)
     return rc;
+  /* a dead ranking key keeps a gap out of the ranking, no_hidden out of
+   * the hidden swaps */
+  for (uint32_t gi = 0; gi < c.n_gaps && n_bans; gi++)
+    for (uint32_t j = 0; j < n_bans; j++)
+      if (c.gaps[gi].tensor == bans[j].tensor && c.gaps[gi].k == bans[j].k) {
+        c.gap_key[gi] = 0;
+        c.no_hidden[gi] = 1;
+      }
   c.push_back = v->push_back;
   c.weigh_cover = v->weigh_cover;
   c.loose_push = v->loose_push;
@@ -746,9 +760,11 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
  * or not, *second the runner-up that fits, or NULL (0, or an error with
  * both NULL). */
 static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                          cap_plan_t **out, cap_plan_t **second) {
+                          cap_plan_t **out, cap_plan_t **second,
+                          size_t *best_variant) {
   *out = NULL;
   *second = NULL;
+  *best_variant = 0;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
   size_t n_variants = sizeof variants / sizeof variants[0];
@@ -772,13 +788,14 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   cap_sim_result_close(&base);
   for (size_t i = 0; i < n_variants; i++) {
     cap_plan_t *plan = NULL;
-    rc = run_variant(p, cfg, &variants[i], &plan);
+    rc = run_variant(p, cfg, &variants[i], NULL, 0, &plan);
     if (rc)
       break;
     if (better(plan, best, cfg->budget_bytes)) {
       cap_plan_destroy(runner);
       runner = best;
       best = plan;
+      *best_variant = i;
     } else if (better(plan, runner, cfg->budget_bytes)) {
       cap_plan_destroy(runner);
       runner = plan;
@@ -818,6 +835,57 @@ static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
   }
 }
 
+/* The greedy commits to its cheapest-looking replay one at a time; a costly
+ * one it took early can crowd out a cheaper set it never saw. Run the
+ * winning variant again with the best plan's costliest replays banned, one
+ * at a time (a ban that wins stays for the next), and keep what the
+ * simulator finds faster. */
+#define REPLAN_TRIES 4u
+
+static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                          const variant_t *v, cap_plan_t **best) {
+  ban_t bans[REPLAN_TRIES], tried[REPLAN_TRIES];
+  uint32_t n_bans = 0, n_tries = REPLAN_TRIES;
+  /* each try is a whole run of the greedy: fewer on long profiles */
+  if (p->n_ops > PORTFOLIO_FULL_OPS)
+    n_tries = (uint32_t)((uint64_t)n_tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  int rc = 0;
+  for (uint32_t t = 0; t < n_tries && !rc; t++) {
+    /* the costliest replay of the current best not banned yet */
+    const cap_plan_t *b = *best;
+    int64_t top = 0;
+    ban_t pick = {CAP_NONE, 0};
+    for (uint32_t i = 0; i < b->n_actions; i++) {
+      const cap_action_t *a = &b->actions[i];
+      int64_t cost = cap__replay_ns(b, p, a);
+      bool banned = false;
+      for (uint32_t j = 0; j < t; j++)
+        banned |= tried[j].tensor == a->tensor && tried[j].k == a->evict_after_access;
+      if (!banned && cost > top) {
+        top = cost;
+        pick = (ban_t){a->tensor, a->evict_after_access};
+      }
+    }
+    if (pick.tensor == CAP_NONE)
+      break;
+    tried[t] = bans[n_bans++] = pick;
+    cap_plan_t *alt = NULL;
+    rc = run_variant(p, cfg, v, bans, n_bans, &alt);
+    if (rc) {
+      cap_plan_destroy(alt);
+      break;
+    }
+    if (better(alt, *best, cfg->budget_bytes)) {
+      cap_plan_destroy(*best);
+      *best = alt;
+    } else {
+      cap_plan_destroy(alt);
+      n_bans--; /* that ban did not help: lift it */
+    }
+  }
+  return rc;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, then the local search on
  * the best plan and, with half the tries, on the portfolio's runner-up (the
@@ -827,7 +895,8 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
   cap_plan_t *best = NULL, *alt = NULL, *second = NULL;
   *out = NULL;
-  int rc = plan_portfolio(p, cfg, &best, &second);
+  size_t bv;
+  int rc = plan_portfolio(p, cfg, &best, &second, &bv);
   if (rc)
     return rc;
   /* Near the floor the greedy's estimate runs out of choices before the
@@ -860,6 +929,8 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     }
   }
   cap_plan_destroy(second);
+  if (!rc && best->predicted_peak_bytes <= cfg->budget_bytes)
+    rc = replan_without(p, cfg, &variants[bv], &best);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

@@ -253,9 +253,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     int64_t cost = 0;
     if (a->method == CAP_METHOD_RECOMPUTE) {
-      const uint32_t *ops = cap_action_recompute_ops(plan, a);
-      for (uint32_t j = 0; j < a->n_recompute; j++)
-        cost += p->ops[ops[j]].end_ns - p->ops[ops[j]].start_ns;
+      cost = cap__replay_ns(plan, p, a);
     } else if (how == DROP) {
       cost = late[i];
     }

@@ -2,8 +2,9 @@
  * The Capuchin planner on small hand-built profiles whose right answer is
  * known: a swap that hides, a recompute where a swap cannot hide, an input
  * written in place that forbids replaying its reader, an impossible budget,
- * persistent tensors only when allowed, and every plan checked by the
- * validator and the simulator.
+ * persistent tensors only when allowed, a greedy choice undone by planning
+ * again without it, and every plan checked by the validator and the
+ * simulator.
  */
 #include <string.h>
 
@@ -277,6 +278,53 @@ static void test_release_lingering_gradient(void) {
   cap_profile_destroy(p);
 }
 
+static void test_replan_without_costly_replay(void) {
+  /* W (param) makes A (100 MB, 10 us), B and C (60 MB, 5.5 us each); op 3
+   * makes a 150 MB temporary: the peak, 100 MB over the budget. A, B and C
+   * are read again at ops 4, 5, 6. Copies are far too slow to hide, so only
+   * replays relieve op 3: A alone (10 us) or B and C (11 us). By memory
+   * saving per second the greedy takes B, then C (each 10.9 MB/us against
+   * A's 10), and pruning can undo neither. Banned from replaying B, it
+   * takes C then A, and pruning undoes C: A alone, 1 us faster. */
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t w = 0, a = 1, b = 2, c = 3, big = 4, o[3] = {5, 6, 7};
+  fx_tensor(&f, w, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, a, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, b, 60 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, c, 60 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, big, 150 * MB, CAP_KIND_ACTIVATION);
+  for (int i = 0; i < 3; i++)
+    fx_tensor(&f, o[i], 1 * MB, CAP_KIND_ACTIVATION);
+  fx_op(&f, 0, 10 * US, "aten.mm.default", &w, 1, &a, 1);
+  fx_op(&f, 10 * US, 15500, "aten.mm.default", &w, 1, &b, 1);
+  fx_op(&f, 15500, 21 * US, "aten.mm.default", &w, 1, &c, 1);
+  fx_op(&f, 21 * US, 31 * US, "aten.mm.default", &w, 1, &big, 1);
+  fx_free(&f, 31 * US, big);
+  uint32_t reads[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    int64_t t = (31 + 10 * i) * US;
+    fx_op(&f, t, t + 10 * US, "aten.relu.default", &reads[i], 1, &o[i], 1);
+    fx_free(&f, t + 10 * US, reads[i]);
+    fx_free(&f, t + 10 * US, o[i]);
+  }
+  cap_profile_t *p = fx_finish(&f);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, (1 + 100 + 60 + 60 + 150 - 100) * MB);
+  cfg.bw = (cap_bandwidth_t){0.001, 0.001, 0.002};
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  CHECK_EQ(plan->actions[0].tensor, a);
+  CHECK_EQ(plan->actions[0].method, CAP_METHOD_RECOMPUTE);
+  CHECK_EQ(r.recompute_ns, 10 * US);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_bad_arguments(void) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, 1);
@@ -348,6 +396,7 @@ int main(void) {
   RUN_TEST(test_infeasible_reports_smallest_peak);
   RUN_TEST(test_persistent_only_when_allowed);
   RUN_TEST(test_release_lingering_gradient);
+  RUN_TEST(test_replan_without_costly_replay);
   RUN_TEST(test_bad_arguments);
   RUN_TEST(test_late_swap_out_fits);
   return TEST_SUMMARY();
