@@ -110,27 +110,6 @@ static uint32_t mt_first(const cap__memtree_t *t, uint32_t node, uint32_t lo,
               : mt_first(t, 2 * node + 1, mid, hi, x, last);
 }
 
-/* Last index in [a, b) of the subtree's range [lo, hi) whose value is > x
- * (x already less the pending adds of the nodes above). */
-static uint32_t mt_last_in(const cap__memtree_t *t, uint32_t node, uint32_t lo,
-                           uint32_t hi, uint32_t a, uint32_t b, int64_t x) {
-  if (b <= lo || hi <= a || t->mx[node] <= x)
-    return CAP_NONE;
-  if (hi - lo == 1)
-    return lo;
-  uint32_t mid = lo + (hi - lo) / 2;
-  x -= t->lz[node];
-  uint32_t r = mt_last_in(t, 2 * node + 1, mid, hi, a, b, x);
-  return r != CAP_NONE ? r : mt_last_in(t, 2 * node, lo, mid, a, b, x);
-}
-
-uint32_t cap__memtree_last_above_in(const cap__memtree_t *t, uint32_t lo,
-                                    uint32_t hi, int64_t x) {
-  if (hi > t->n)
-    hi = t->n;
-  return lo < hi ? mt_last_in(t, 1, 0, t->n, lo, hi, x) : CAP_NONE;
-}
-
 uint32_t cap__memtree_first_above(const cap__memtree_t *t, int64_t x) {
   return t->n ? mt_first(t, 1, 0, t->n, x, false) : CAP_NONE;
 }

@@ -43,9 +43,6 @@ int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi);
 /* First / last op whose value is > x, or CAP_NONE. */
 uint32_t cap__memtree_first_above(const cap__memtree_t *t, int64_t x);
 uint32_t cap__memtree_last_above(const cap__memtree_t *t, int64_t x);
-/* Last op in [lo, hi) whose value is > x, or CAP_NONE. */
-uint32_t cap__memtree_last_above_in(const cap__memtree_t *t, uint32_t lo,
-                                    uint32_t hi, int64_t x);
 static inline int64_t cap__memtree_max_all(const cap__memtree_t *t) {
   return t->n ? t->mx[1] : 0;
 }
@@ -194,9 +191,8 @@ int64_t cap__ft_standalone(const cap__ctx_t *c, const cap__gap_t *g);
 /* Book-keeping-aware swap of gap g. hidden: the swap-in must end by the
  * back-access minus the margin, and the ops from its start to the
  * back-access must be within c->target (returns false when it cannot);
- * otherwise a swap-in whose time is partly exposed: started as soon as the
- * memory up to the back-access allows (cap__trigger_earliest), or on
- * demand at the back-access. Nothing is booked. */
+ * otherwise an on-demand swap-in whose time is exposed. Nothing is
+ * booked. */
 bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
                   cap__swap_eval_t *ev);
 /* Book the swap of choice ci (already in c->ch) on the engines. A D2H
@@ -213,17 +209,6 @@ void cap__ft_commit(cap__ctx_t *c, const cap__gap_t *g,
 uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
                            uint32_t b, int64_t len_ns, int64_t deadline,
                            int64_t *start);
-/* Earliest op t in [so_op, b) from which the ops up to b stay within
- * c->target with tensor x back on the device, whose start (or not_before,
- * or the end of the H2D copies issued before it, whichever is later) can
- * issue an H2D copy of len_ns without delaying a copy issued after it, and
- * that accesses a tensor other than x. For a prefetch that cannot land in
- * time without coming back inside the over-target region: it starts as
- * soon as the memory allows and hides part of its copy. Returns the op
- * (CAP_NONE when none) and the copy's start in *start. */
-uint32_t cap__trigger_earliest(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
-                               uint32_t b, int64_t len_ns, int64_t not_before,
-                               int64_t *start);
 /* A (tensor, access) naming op t other than tensor x; false when op t
  * accesses no other tensor. */
 bool cap__trigger_name(const cap_profile_t *p, uint32_t t, uint32_t x,

@@ -201,28 +201,10 @@ bool cap__ft_eval(const cap__ctx_t *c, const cap__gap_t *g, bool hidden,
     ev->stall_ns = 0;
     return true;
   }
-  /* Partly hidden: the prefetch starts as soon as the memory up to the
-   * back-access allows, and the compute stream waits for the rest. */
-  int64_t st;
-  uint32_t t = cap__trigger_earliest(c, g->tensor, so_op, g->b, si,
-                                     ev->out_end, &st);
-  if (t != CAP_NONE && st < c->op_start[g->b]) {
-    ev->trig_op = t;
-    ev->in_start = st;
-    ev->in_end = st + si;
-    ev->save_hi = t;
-    if (ev->save_hi > ev->save_lo) {
-      ev->ft_ns = st - ev->out_end;
-      ev->stall_ns = ev->in_end > c->op_start[g->b]
-                         ? ev->in_end - c->op_start[g->b]
-                         : 0;
-      return true;
-    }
-  }
   /* On demand: issued when the back-access is reached, after the copies
    * already queued then; the compute stream waits for it. The stall shifts
    * every later op, so it takes no time from later bookings. */
-  st = c->op_start[g->b];
+  int64_t st = c->op_start[g->b];
   if (st < ev->out_end)
     st = ev->out_end;
   uint32_t prev = cap__engine_prev(&c->h2d, g->b);

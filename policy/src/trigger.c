@@ -86,32 +86,3 @@ uint32_t cap__trigger_find(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
   }
   return CAP_NONE;
 }
-
-uint32_t cap__trigger_earliest(const cap__ctx_t *c, uint32_t x, uint32_t so_op,
-                               uint32_t b, int64_t len_ns, int64_t not_before,
-                               int64_t *start) {
-  /* the first t after the last op of [so_op, b) over the target */
-  uint32_t over = cap__memtree_last_above_in(&c->mem, so_op, b, c->target);
-  uint32_t lo = over == CAP_NONE ? so_op : over + 1;
-  const cap__engine_t *e = &c->h2d;
-  for (uint32_t t = lo, steps = 0; t < b && steps < TRIGGER_MAX_STEPS; steps++) {
-    int64_t st = c->op_start[t] > not_before ? c->op_start[t] : not_before;
-    uint32_t prev = cap__engine_prev(e, t);
-    if (prev != CAP_NONE && e->last_end[prev] > st)
-      st = e->last_end[prev];
-    /* FIFO: a copy issued at t delays every copy issued later; queue
-     * behind the next one (issued with it) rather than make it late */
-    uint32_t next = cap__engine_next(e, t);
-    if (next != CAP_NONE && next < b && st + len_ns > e->first_start[next]) {
-      t = next;
-      continue;
-    }
-    if (!names_other(c->p, t, x)) {
-      t++;
-      continue;
-    }
-    *start = st;
-    return t;
-  }
-  return CAP_NONE;
-}

@@ -2,8 +2,8 @@
  * Swap timing internals of the Capuchin planner (ft.c, trigger.c,
  * candidates.c): the op-space memory tree against brute force, the copy
  * engine's booked-key index, free time computed by hand, two swaps
- * contending for the copy engines, the in-trigger choice with its
- * margin, and a prefetch started as soon as the memory allows.
+ * contending for the copy engines, and the in-trigger choice with its
+ * margin.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -49,11 +49,6 @@ static void test_memtree_brute_force(void) {
         }
       CHECK_EQ(cap__memtree_first_above(&t, x), f);
       CHECK_EQ(cap__memtree_last_above(&t, x), l);
-      uint32_t li = CAP_NONE;
-      for (uint32_t i = ql; i < qh; i++)
-        if (b[i] > x)
-          li = i;
-      CHECK_EQ(cap__memtree_last_above_in(&t, ql, qh, x), li);
     }
     CHECK_EQ(cap__memtree_max(&t, 3, 3), INT64_MIN);
     cap__memtree_close(&t);
@@ -216,42 +211,11 @@ static void test_trigger_latest_before_deadline(void) {
   cap_profile_destroy(p);
 }
 
-static void test_prefetch_as_soon_as_memory_allows(void) {
-  /* A's gap is ops 1..8 (1 ms each, op k from 10 us + (k-1) ms), back at op
-   * 9 (8.01 ms). Ops 1..7 are over the target with A on the device, so no
-   * prefetch can land in time without coming back inside them: the hidden
-   * swap is refused. Op 8 is within the target: the prefetch starts there
-   * (7.01 ms) and the compute stream waits only for the rest of its copy,
-   * not for the whole of it as on demand. */
-  cap_profile_t *p = two_big(8, 1000 * US);
-  REQUIRE(p);
-  cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 50 * MB);
-  cap__ctx_t c;
-  REQUIRE(cap__ctx_init(&c, p, &cfg) == 0);
-  c.target = cap__memtree_max(&c.mem, 8, 9);
-  cap__memtree_add(&c.mem, 1, 8, 1000 * MB);
-  const cap__gap_t *ga = gap_of(&c, 1);
-  REQUIRE(ga);
-  cap__swap_eval_t ev;
-  CHECK(!cap__ft_eval(&c, ga, true, &ev));
-  REQUIRE(cap__ft_eval(&c, ga, false, &ev));
-  int64_t len = cap_copy_ns(100 * MB, c.h2d_gbps); /* 2331003 ns */
-  CHECK_EQ(ev.trig_op, 8);
-  CHECK_EQ(ev.in_start, 7010 * US);
-  CHECK_EQ(ev.in_end, 7010 * US + len);
-  CHECK_EQ(ev.save_hi, 8); /* A is back from op 8 on */
-  CHECK_EQ(ev.stall_ns, 7010 * US + len - 8010 * US); /* 1.33 ms, not 2.33 */
-  cap__ctx_close(&c);
-  cap_profile_destroy(p);
-}
-
 int main(void) {
   RUN_TEST(test_memtree_brute_force);
   RUN_TEST(test_engine_keys);
   RUN_TEST(test_free_time_by_hand);
   RUN_TEST(test_two_swaps_contend);
   RUN_TEST(test_trigger_latest_before_deadline);
-  RUN_TEST(test_prefetch_as_soon_as_memory_allows);
   return TEST_SUMMARY();
 }
