@@ -10,6 +10,10 @@
  * the plan (a real allocator, copies that run late); plans that filled it
  * made the client wait for memory in end-to-end replays.
  *
+ * Then the prefetches the simulator finds late start that much earlier
+ * (what cap_plan_refine does with measured stalls), each kept under the
+ * same rule.
+ *
  * Then the swaps that stall the compute stream (on-demand prefetches,
  * synchronous swap-outs: Belady's plan near the floor is made of them):
  * give them just-in-time prefetches, then let their copies out run
@@ -65,18 +69,25 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
          cap_plan_validate(next, p, NULL, 0) == 0;
 }
 
-enum { TO_SWAP, DROP };
+enum { TO_SWAP, DROP, EARLIER };
 
-/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP), or
- * with the eviction of (tensor, k) left out (DROP: the tensor stays), made
- * explicit and simulated; NULL in *out when its lists cannot run as written. */
+/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
+ * with the eviction of (tensor, k) left out (DROP: the tensor stays), or
+ * with the prefetch of the swap of (tensor, k) started its lateness (cd's
+ * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when its lists cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
   *out = NULL;
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
-      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE))
+      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
+      (how == EARLIER && plan->actions[ai].method != CAP_METHOD_SWAP))
+    return 0;
+  uint32_t tt, ta;
+  if (how == EARLIER &&
+      !cap__earlier_trigger(p, &plan->actions[ai], cd->cost_ns,
+                            cfg->trigger_margin_ns, &tt, &ta))
     return 0;
   cap_plan_t *next = cap_plan_clone(plan);
   if (!next)
@@ -87,12 +98,16 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     next->actions[ai] = next->actions[--next->n_actions];
     goto explicit;
   }
+  if (how == EARLIER) {
+    a->prefetch_tensor = tt;
+    a->prefetch_access = ta;
+    goto explicit;
+  }
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = a->n_recompute = 0;
   a->flags = 0;
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
-  uint32_t tt, ta;
   if (cap__earlier_trigger(p, a,
                            cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
                            cfg->trigger_margin_ns, &tt, &ta)) {
@@ -238,7 +253,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
   int64_t *late = NULL;
-  int rc = how == DROP ? stalls(plan, p, cfg, &late) : 0;
+  int rc = how != TO_SWAP ? stalls(plan, p, cfg, &late) : 0;
   if (rc)
     return rc;
   cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
@@ -252,11 +267,10 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE) {
+    if (a->method == CAP_METHOD_RECOMPUTE && how != EARLIER)
       cost = cap__replay_ns(plan, p, a);
-    } else if (how == DROP) {
+    else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
-    }
     if (cost > 0)
       cands[n++] = (cand_t){cost, a->tensor, a->evict_after_access};
   }
@@ -286,6 +300,8 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
   int rc = search(plan, p, cfg, TO_SWAP, max_tries);
   if (!rc)
     rc = search(plan, p, cfg, DROP, max_tries / 2);
+  if (!rc)
+    rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
   return rc;
