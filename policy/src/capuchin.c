@@ -929,8 +929,13 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     }
   }
   cap_plan_destroy(second);
-  if (!rc && best->predicted_peak_bytes <= cfg->budget_bytes)
+  if (!rc && best->predicted_peak_bytes <= cfg->budget_bytes) {
+    int64_t before = best->predicted_iter_ns;
     rc = replan_without(p, cfg, &variants[bv], &best);
+    /* a plan found again has not been searched yet */
+    if (!rc && best->predicted_iter_ns < before)
+      rc = cap__plan_improve(best, p, cfg, tries / 2);
+  }
   if (rc) {
     cap_plan_destroy(best);
     return rc;
