@@ -299,7 +299,7 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     return 0;
   int rc = search(plan, p, cfg, TO_SWAP, max_tries);
   if (!rc)
-    rc = search(plan, p, cfg, DROP, max_tries / 2);
+    rc = search(plan, p, cfg, DROP, max_tries / 8);
   if (!rc)
     rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
