@@ -24,9 +24,11 @@
  * recomputes, aiming a little under the budget, stricter or looser pushing
  * back of queued swap-outs, copies booked at each direction's full rate,
  * hidden swaps given first to the tensors costliest to replay) whose best
- * simulated plan wins; several
- * evictions per tensor (every access gap is a candidate); nested restores
- * (a replay may use a source the plan drops or swaps, and brings it back).
+ * simulated plan wins; several evictions per tensor (every access gap is a
+ * candidate); nested restores (a replay may use a source the plan drops or
+ * swaps, and brings it back); a local search under the simulator on the
+ * best two plans (improve.c); the winning order run again without the best
+ * plan's costliest replays.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -684,7 +686,7 @@ static const variant_t variants[] = {
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
      .loose_push = true},
     /* copies at full rate: in the forward pass no prefetch shares the
-     * duplex bandwidth, and the shared rate leaves a quarter of the D2H
+     * duplex bandwidth, and the shared rate leaves a fifth of the D2H
      * engine unbooked (the simulator checks what the optimism costs);
      * MSPS weighted by coverage */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
@@ -887,10 +889,11 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
 }
 
 /* The whole planner at one configuration: the portfolio, Belady's plan
- * where the portfolio finds none above the floor, then the local search on
- * the best plan and, with half the tries, on the portfolio's runner-up (the
- * search may take it further). *out is the best plan, fitting or not (0, or an error with *out
- * NULL). */
+ * where the portfolio finds none above the floor, the local search on the
+ * best plan and, with half the tries, on the portfolio's runner-up (the
+ * search may take it further), then the winning variant again without the
+ * costliest replays. *out is the best plan, fitting or not (0, or an error
+ * with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
   cap_plan_t *best = NULL, *alt = NULL, *second = NULL;

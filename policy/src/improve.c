@@ -74,7 +74,8 @@ enum { TO_SWAP, DROP, EARLIER };
 /* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
  * with the eviction of (tensor, k) left out (DROP: the tensor stays), or
  * with the prefetch of the swap of (tensor, k) started its lateness (cd's
- * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when its lists cannot run as written. */
+ * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when
+ * there is nothing to change or its lists cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
