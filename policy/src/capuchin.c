@@ -568,8 +568,8 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
       rc = cap__rc_build(&c, &c.gaps[gi], &cost, &extra);
       if (rc == CAP_ENOMEM)
         goto out_free;
-      rank = rc ? HUGE_VAL
-                : (double)cost / (double)(c.p->tensors[c.gaps[gi].tensor].bytes + 1);
+      uint64_t bytes = c.p->tensors[c.gaps[gi].tensor].bytes;
+      rank = rc ? HUGE_VAL : (double)cost / (double)(bytes + 1);
       rc = 0;
     }
     order[n_order++] = (ft_key_t){rank, ft, gi};
@@ -862,7 +862,8 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
       int64_t cost = cap__replay_ns(b, p, a);
       bool banned = false;
       for (uint32_t j = 0; j < t; j++)
-        banned |= tried[j].tensor == a->tensor && tried[j].k == a->evict_after_access;
+        banned |= tried[j].tensor == a->tensor &&
+                  tried[j].k == a->evict_after_access;
       if (!banned && cost > top) {
         top = cost;
         pick = (ban_t){a->tensor, a->evict_after_access};

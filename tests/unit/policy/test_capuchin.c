@@ -384,9 +384,10 @@ static void test_copy_engine_to_costliest_replay(void) {
   CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
   REQUIRE(plan);
   REQUIRE(plan->n_actions == 2);
-  for (uint32_t i = 0; i < 2; i++)
-    CHECK_EQ(plan->actions[i].method,
-             plan->actions[i].tensor == 2 ? CAP_METHOD_SWAP : CAP_METHOD_RECOMPUTE);
+  for (uint32_t i = 0; i < 2; i++) /* Y (tensor 2) swapped, X replayed */
+    CHECK_EQ(plan->actions[i].method, plan->actions[i].tensor == 2
+                                          ? CAP_METHOD_SWAP
+                                          : CAP_METHOD_RECOMPUTE);
   CHECK_EQ(r.stall_ns, 0);
   CHECK_EQ(r.recompute_ns, 10 * US);
   CHECK_EQ(r.iter_ns, base.iter_ns + 10 * US);

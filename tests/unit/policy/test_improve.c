@@ -38,7 +38,8 @@ static void test_late_prefetch_moves_earlier(void) {
   REQUIRE(plan->n_actions == 1);
   const cap_action_t *a = &plan->actions[0];
   CHECK_EQ(a->method, CAP_METHOD_SWAP);
-  CHECK_EQ(cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access), 12);
+  CHECK_EQ(cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access),
+           12);
   CHECK_EQ(plan->predicted_iter_ns, base.iter_ns);
   CHECK_EQ(plan->predicted_peak_bytes, peak);
   CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);

@@ -87,9 +87,10 @@ static void test_sharing_refused_for_non_elementwise(void) {
 /* Every bundled trace, unmanaged and under the capuchin plan at 50 %: the
  * placement passes the check, its live peak is the simulator's peak minus
  * what stays outside the arena (up to the 256-byte rounding of each
- * interval and instantaneous temporaries), and the best arena is within 4 % of that peak
- * (placement is a heuristic: inception_v3's plan at 50 % fragments 3.2 %
- * since the planner also plans again without its costliest replays). */
+ * interval and instantaneous temporaries), and the best arena is within
+ * 4 % of that peak (placement is a heuristic: inception_v3's plan at 50 %
+ * fragments 3.2 % since the planner also plans again without its costliest
+ * replays). */
 static void test_traces(void) {
   const char *traces[] = {"resnet50",  "vgg16",      "inception_v3", "mobilenet_v2",
                           "bert_base", "bert_large", "gpt2_small"};
