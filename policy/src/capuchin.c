@@ -27,8 +27,8 @@
  * simulated plan wins; several evictions per tensor (every access gap is a
  * candidate); nested restores (a replay may use a source the plan drops or
  * swaps, and brings it back); a local search under the simulator on the
- * best two plans (improve.c); the winning order run again without the best
- * plan's costliest replays.
+ * best three plans (improve.c); the winning order run again without the
+ * best plan's costliest replays.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -758,14 +758,17 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
+#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
+
 /* The portfolio at one configuration: *out is the best plan found, fitting
- * or not, *second the runner-up that fits, or NULL (0, or an error with
- * both NULL). */
+ * or not, runners[] the next best that fit, best first, NULL where none
+ * (0, or an error with all NULL). */
 static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                          cap_plan_t **out, cap_plan_t **second,
+                          cap_plan_t **out, cap_plan_t *runners[RUNNERS_UP],
                           size_t *best_variant) {
   *out = NULL;
-  *second = NULL;
+  for (uint32_t r = 0; r < RUNNERS_UP; r++)
+    runners[r] = NULL;
   *best_variant = 0;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
@@ -779,7 +782,7 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   }
   if (cap_plan_min_budget(p, cfg) > cfg->budget_bytes)
     n_variants = 1;
-  cap_plan_t *best = NULL, *runner = NULL;
+  cap_plan_t *best = NULL;
   /* the unmanaged iteration: no plan runs faster */
   cap_sim_result_t base;
   memset(&base, 0, sizeof base);
@@ -794,16 +797,19 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (rc)
       break;
     if (better(plan, best, cfg->budget_bytes)) {
-      cap_plan_destroy(runner);
-      runner = best;
+      cap_plan_t *t = best;
       best = plan;
+      plan = t;
       *best_variant = i;
-    } else if (better(plan, runner, cfg->budget_bytes)) {
-      cap_plan_destroy(runner);
-      runner = plan;
-    } else {
-      cap_plan_destroy(plan);
     }
+    /* the displaced plan (or this one) into the runners, best first */
+    for (uint32_t r = 0; plan && r < RUNNERS_UP; r++)
+      if (better(plan, runners[r], cfg->budget_bytes)) {
+        cap_plan_t *t = runners[r];
+        runners[r] = plan;
+        plan = t;
+      }
+    cap_plan_destroy(plan);
     /* a fitting plan that costs nothing cannot be beaten */
     if (best->predicted_peak_bytes <= cfg->budget_bytes &&
         best->predicted_iter_ns <= free_iter)
@@ -812,17 +818,17 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   if (!rc && best->predicted_peak_bytes > cfg->budget_bytes)
     rc = rescue_late_swap_outs(p, cfg, best);
 
+  for (uint32_t r = 0; r < RUNNERS_UP; r++)
+    if (rc || (runners[r] &&
+               runners[r]->predicted_peak_bytes > cfg->budget_bytes)) {
+      cap_plan_destroy(runners[r]);
+      runners[r] = NULL;
+    }
   if (rc) {
     cap_plan_destroy(best);
-    cap_plan_destroy(runner);
     return rc;
   }
-  if (runner && runner->predicted_peak_bytes > cfg->budget_bytes) {
-    cap_plan_destroy(runner);
-    runner = NULL;
-  }
   *out = best;
-  *second = runner;
   return 0;
 }
 
@@ -891,16 +897,16 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
 
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
- * best plan and, with half the tries, on the portfolio's runner-up (the
- * search may take it further), then the winning variant again without the
- * costliest replays. *out is the best plan, fitting or not (0, or an error
- * with *out NULL). */
+ * best plan and, with a quarter of the tries each, on the portfolio's next
+ * RUNNERS_UP (the search may take one of them further), then the winning
+ * variant again without the costliest replays. *out is the best plan,
+ * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
-  cap_plan_t *best = NULL, *alt = NULL, *second = NULL;
+  cap_plan_t *best = NULL, *alt = NULL, *runners[RUNNERS_UP];
   *out = NULL;
   size_t bv;
-  int rc = plan_portfolio(p, cfg, &best, &second, &bv);
+  int rc = plan_portfolio(p, cfg, &best, runners, &bv);
   if (rc)
     return rc;
   /* Near the floor the greedy's estimate runs out of choices before the
@@ -925,14 +931,16 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
   if (!rc)
     rc = cap__plan_improve(best, p, cfg, tries);
-  if (!rc && second) {
-    rc = cap__plan_improve(second, p, cfg, tries / 2);
-    if (!rc) {
-      keep_better(&best, second, cfg->budget_bytes);
-      second = NULL;
+  for (uint32_t r = 0; r < RUNNERS_UP; r++) {
+    if (!rc && runners[r]) {
+      rc = cap__plan_improve(runners[r], p, cfg, tries / 4);
+      if (!rc) {
+        keep_better(&best, runners[r], cfg->budget_bytes);
+        runners[r] = NULL;
+      }
     }
+    cap_plan_destroy(runners[r]);
   }
-  cap_plan_destroy(second);
   if (!rc && best->predicted_peak_bytes <= cfg->budget_bytes) {
     int64_t before = best->predicted_iter_ns;
     rc = replan_without(p, cfg, &variants[bv], &best);
