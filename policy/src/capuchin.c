@@ -22,9 +22,13 @@
  * simulator: a small portfolio of orders (paper order, MSPS weighted by how
  * much of the over-budget region a choice covers, one ranking for swaps and
  * recomputes, aiming a little under the budget, stricter or looser pushing
- * back of queued swap-outs) whose best simulated plan wins; several
- * evictions per tensor (every access gap is a candidate); nested restores
- * (a replay may use a source the plan drops or swaps, and brings it back).
+ * back of queued swap-outs, copies booked at each direction's full rate,
+ * hidden swaps given first to the tensors costliest to replay) whose best
+ * simulated plan wins; several evictions per tensor (every access gap is a
+ * candidate); nested restores (a replay may use a source the plan drops or
+ * swaps, and brings it back); a local search under the simulator on the
+ * best three plans (improve.c); the winning order run again without the
+ * best plan's costliest replays.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -171,12 +175,15 @@ static bool eff_gap(const cap__ctx_t *c, uint32_t gi, cap__gap_t *eg) {
 /* --- phase 1: hidden swaps by free time ------------------------------------ */
 
 typedef struct {
+  double rank; /* descending: the order phase 1 tries the gaps in */
   int64_t ft;
   uint32_t gi;
 } ft_key_t;
 
 static int cmp_ft(const void *a, const void *b) {
   const ft_key_t *x = a, *y = b;
+  if (x->rank != y->rank)
+    return x->rank > y->rank ? -1 : 1;
   if (x->ft != y->ft)
     return x->ft > y->ft ? -1 : 1;
   return x->gi < y->gi ? -1 : x->gi > y->gi;
@@ -188,7 +195,7 @@ static int phase_swaps(cap__ctx_t *c, const ft_key_t *order, uint32_t n,
     if (cap__memtree_max_all(&c->mem) <= target)
       return 0;
     if (order[i].ft <= 0)
-      break; /* cannot be hidden even with idle engines */
+      continue; /* cannot be hidden even with idle engines */
     cap__gap_t eg;
     const cap__gap_t *g = &eg;
     if (c->no_hidden[order[i].gi] || !eff_gap(c, order[i].gi, &eg))
@@ -498,6 +505,13 @@ typedef struct variant {
   /* Recompute lists may not fetch sources the plan swapped out (on
    * demand, before the list runs). No variant sets it today. */
   bool no_fetch;
+  /* Book copies at each direction's own bandwidth rather than at its share
+   * of the duplex bandwidth: optimistic where the other direction is idle. */
+  bool full_rate;
+  /* Phase 1 tries first the gaps whose replay costs the most per byte
+   * (no lineage: first of all), not the largest free time: the copy
+   * engines' time then goes where recompute would cost most. */
+  bool costly_first;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -511,16 +525,34 @@ static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
   return a->predicted_peak_bytes < b->predicted_peak_bytes;
 }
 
+/* An eviction the greedy may not choose: tensor evicted after access k. */
+typedef struct ban {
+  uint32_t tensor, k;
+} ban_t;
+
 static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       const variant_t *v, cap_plan_t **out) {
+                       const variant_t *v, const ban_t *bans, uint32_t n_bans,
+                       cap_plan_t **out) {
   cap__ctx_t c;
   int rc = cap__ctx_init(&c, p, cfg);
   if (rc)
     return rc;
+  /* a dead ranking key keeps a gap out of the ranking, no_hidden out of
+   * the hidden swaps */
+  for (uint32_t gi = 0; gi < c.n_gaps && n_bans; gi++)
+    for (uint32_t j = 0; j < n_bans; j++)
+      if (c.gaps[gi].tensor == bans[j].tensor && c.gaps[gi].k == bans[j].k) {
+        c.gap_key[gi] = 0;
+        c.no_hidden[gi] = 1;
+      }
   c.push_back = v->push_back;
   c.weigh_cover = v->weigh_cover;
   c.loose_push = v->loose_push;
   c.no_fetch = v->no_fetch;
+  if (v->full_rate) {
+    c.d2h_gbps = cfg->bw.d2h_gbps;
+    c.h2d_gbps = cfg->bw.h2d_gbps;
+  }
   cap_plan_t *best = NULL, *plan = NULL;
   ft_key_t *order = malloc(((size_t)c.n_gaps + 1) * sizeof *order);
   if (!order) {
@@ -528,8 +560,20 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
     goto out_close;
   }
   uint32_t n_order = 0;
-  for (uint32_t gi = 0; gi < c.n_gaps; gi++)
-    order[n_order++] = (ft_key_t){cap__ft_standalone(&c, &c.gaps[gi]), gi};
+  for (uint32_t gi = 0; gi < c.n_gaps; gi++) {
+    int64_t ft = cap__ft_standalone(&c, &c.gaps[gi]);
+    double rank = 0;
+    if (v->costly_first && ft > 0) {
+      int64_t cost, extra;
+      rc = cap__rc_build(&c, &c.gaps[gi], &cost, &extra);
+      if (rc == CAP_ENOMEM)
+        goto out_free;
+      uint64_t bytes = c.p->tensors[c.gaps[gi].tensor].bytes;
+      rank = rc ? HUGE_VAL : (double)cost / (double)(bytes + 1);
+      rc = 0;
+    }
+    order[n_order++] = (ft_key_t){rank, ft, gi};
+  }
   qsort(order, n_order, sizeof *order, cmp_ft);
 
   int64_t budget = cfg->budget_bytes > (uint64_t)INT64_MAX
@@ -641,27 +685,31 @@ static const variant_t variants[] = {
     /* Capuchin: hidden swaps by FT, then MSPS */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
      .loose_push = true},
-    /* ... MSPS weighted by coverage */
+    /* copies at full rate: in the forward pass no prefetch shares the
+     * duplex bandwidth, and the shared rate leaves a fifth of the D2H
+     * engine unbooked (the simulator checks what the optimism costs);
+     * MSPS weighted by coverage */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
-     .loose_push = true},
-    /* no pushing back of queued swap-outs */
-    {.swaps_first = true, .push_back = false, .aim = 1.0, .weigh_cover = true,
-     .loose_push = true},
+     .loose_push = true, .full_rate = true},
+    /* ... plain MSPS */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = true, .full_rate = true},
+    /* the copy engines' time to the tensors costliest to replay per byte
+     * (a transformer's matrix products) rather than to the longest gaps */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
+     .loose_push = true, .full_rate = true, .costly_first = true},
     /* one ranking for swaps and recomputes */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true},
+    /* one ranking, plain MSPS, push back within the target */
+    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = false},
     /* aim a little under the budget */
     {.swaps_first = true, .push_back = true, .aim = 0.97, .weigh_cover = true,
      .loose_push = true},
     /* one ranking, under the budget, no push back, plain MSPS */
     {.swaps_first = false, .push_back = false, .aim = 0.97, .weigh_cover = false,
      .loose_push = true},
-    /* push back only within the target */
-    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
-     .loose_push = false},
-    /* one ranking, plain MSPS, push back within the target */
-    {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = false},
 };
 
 
@@ -710,17 +758,24 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
+#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
+
 /* The portfolio at one configuration: *out is the best plan found, fitting
- * or not (0, or an error with *out NULL). */
+ * or not, runners[] the next best that fit, best first, NULL where none
+ * (0, or an error with all NULL). */
 static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                          cap_plan_t **out) {
+                          cap_plan_t **out, cap_plan_t *runners[RUNNERS_UP],
+                          size_t *best_variant) {
   *out = NULL;
+  for (uint32_t r = 0; r < RUNNERS_UP; r++)
+    runners[r] = NULL;
+  *best_variant = 0;
   /* Below the floor no variant can succeed: one run finds the smallest
    * peak it can reach. */
   size_t n_variants = sizeof variants / sizeof variants[0];
   /* Each run is linear-ish in the profile; very long profiles get fewer
    * runs so that planning stays within seconds (at least the first two,
-   * the paper's order and its coverage-weighted form). */
+   * the paper's order and the full-rate, coverage-weighted form). */
   if (p->n_ops > PORTFOLIO_FULL_OPS) {
     size_t k = (size_t)((uint64_t)n_variants * PORTFOLIO_FULL_OPS / p->n_ops);
     n_variants = k < 2 ? 2 : k;
@@ -738,15 +793,23 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   cap_sim_result_close(&base);
   for (size_t i = 0; i < n_variants; i++) {
     cap_plan_t *plan = NULL;
-    rc = run_variant(p, cfg, &variants[i], &plan);
+    rc = run_variant(p, cfg, &variants[i], NULL, 0, &plan);
     if (rc)
       break;
     if (better(plan, best, cfg->budget_bytes)) {
-      cap_plan_destroy(best);
+      cap_plan_t *t = best;
       best = plan;
-    } else {
-      cap_plan_destroy(plan);
+      plan = t;
+      *best_variant = i;
     }
+    /* the displaced plan (or this one) into the runners, best first */
+    for (uint32_t r = 0; plan && r < RUNNERS_UP; r++)
+      if (better(plan, runners[r], cfg->budget_bytes)) {
+        cap_plan_t *t = runners[r];
+        runners[r] = plan;
+        plan = t;
+      }
+    cap_plan_destroy(plan);
     /* a fitting plan that costs nothing cannot be beaten */
     if (best->predicted_peak_bytes <= cfg->budget_bytes &&
         best->predicted_iter_ns <= free_iter)
@@ -755,6 +818,12 @@ static int plan_portfolio(const cap_profile_t *p, const cap_plan_config_t *cfg,
   if (!rc && best->predicted_peak_bytes > cfg->budget_bytes)
     rc = rescue_late_swap_outs(p, cfg, best);
 
+  for (uint32_t r = 0; r < RUNNERS_UP; r++)
+    if (rc || (runners[r] &&
+               runners[r]->predicted_peak_bytes > cfg->budget_bytes)) {
+      cap_plan_destroy(runners[r]);
+      runners[r] = NULL;
+    }
   if (rc) {
     cap_plan_destroy(best);
     return rc;
@@ -774,14 +843,70 @@ static void keep_better(cap_plan_t **best, cap_plan_t *alt, uint64_t budget) {
   }
 }
 
+/* The greedy commits to its cheapest-looking replay one at a time; a costly
+ * one it took early can crowd out a cheaper set it never saw. Run the
+ * winning variant again with the best plan's costliest replays banned, one
+ * at a time (a ban that wins stays for the next), and keep what the
+ * simulator finds faster. */
+#define REPLAN_TRIES 4u
+
+static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                          const variant_t *v, cap_plan_t **best) {
+  ban_t bans[REPLAN_TRIES], tried[REPLAN_TRIES];
+  uint32_t n_bans = 0, n_tries = REPLAN_TRIES;
+  /* each try is a whole run of the greedy: fewer on long profiles */
+  if (p->n_ops > PORTFOLIO_FULL_OPS)
+    n_tries = (uint32_t)((uint64_t)n_tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  int rc = 0;
+  for (uint32_t t = 0; t < n_tries && !rc; t++) {
+    /* the costliest replay of the current best not banned yet */
+    const cap_plan_t *b = *best;
+    int64_t top = 0;
+    ban_t pick = {CAP_NONE, 0};
+    for (uint32_t i = 0; i < b->n_actions; i++) {
+      const cap_action_t *a = &b->actions[i];
+      int64_t cost = cap__replay_ns(b, p, a);
+      bool banned = false;
+      for (uint32_t j = 0; j < t; j++)
+        banned |= tried[j].tensor == a->tensor &&
+                  tried[j].k == a->evict_after_access;
+      if (!banned && cost > top) {
+        top = cost;
+        pick = (ban_t){a->tensor, a->evict_after_access};
+      }
+    }
+    if (pick.tensor == CAP_NONE)
+      break;
+    tried[t] = bans[n_bans++] = pick;
+    cap_plan_t *alt = NULL;
+    rc = run_variant(p, cfg, v, bans, n_bans, &alt);
+    if (rc) {
+      cap_plan_destroy(alt);
+      break;
+    }
+    if (better(alt, *best, cfg->budget_bytes)) {
+      cap_plan_destroy(*best);
+      *best = alt;
+    } else {
+      cap_plan_destroy(alt);
+      n_bans--; /* that ban did not help: lift it */
+    }
+  }
+  return rc;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
- * where the portfolio finds none above the floor, then the local search.
- * *out is the best plan, fitting or not (0, or an error with *out NULL). */
+ * where the portfolio finds none above the floor, the local search on the
+ * best plan and, with a quarter of the tries each, on the portfolio's next
+ * RUNNERS_UP (the search may take one of them further), then the winning
+ * variant again without the costliest replays. *out is the best plan,
+ * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
-  cap_plan_t *best = NULL, *alt = NULL;
+  cap_plan_t *best = NULL, *alt = NULL, *runners[RUNNERS_UP];
   *out = NULL;
-  int rc = plan_portfolio(p, cfg, &best);
+  size_t bv;
+  int rc = plan_portfolio(p, cfg, &best, runners, &bv);
   if (rc)
     return rc;
   /* Near the floor the greedy's estimate runs out of choices before the
@@ -806,6 +931,23 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
   if (!rc)
     rc = cap__plan_improve(best, p, cfg, tries);
+  for (uint32_t r = 0; r < RUNNERS_UP; r++) {
+    if (!rc && runners[r]) {
+      rc = cap__plan_improve(runners[r], p, cfg, tries / 4);
+      if (!rc) {
+        keep_better(&best, runners[r], cfg->budget_bytes);
+        runners[r] = NULL;
+      }
+    }
+    cap_plan_destroy(runners[r]);
+  }
+  if (!rc && best->predicted_peak_bytes <= cfg->budget_bytes) {
+    int64_t before = best->predicted_iter_ns;
+    rc = replan_without(p, cfg, &variants[bv], &best);
+    /* a plan found again has not been searched yet */
+    if (!rc && best->predicted_iter_ns < before)
+      rc = cap__plan_improve(best, p, cfg, tries / 2);
+  }
   if (rc) {
     cap_plan_destroy(best);
     return rc;

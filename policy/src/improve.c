@@ -10,6 +10,10 @@
  * the plan (a real allocator, copies that run late); plans that filled it
  * made the client wait for memory in end-to-end replays.
  *
+ * Then the prefetches the simulator finds late start that much earlier
+ * (what cap_plan_refine does with measured stalls), each kept under the
+ * same rule.
+ *
  * Then the swaps that stall the compute stream (on-demand prefetches,
  * synchronous swap-outs: Belady's plan near the floor is made of them):
  * give them just-in-time prefetches, then let their copies out run
@@ -45,18 +49,46 @@ static uint32_t find_action(const cap_plan_t *plan, uint32_t tensor, uint32_t k)
   return CAP_NONE;
 }
 
-enum { TO_SWAP, DROP };
+/* Simulate a changed plan; *ok false when its lists cannot run as written
+ * (the simulator's walk refuses it). The whole check, cap_plan_validate,
+ * runs only on a change that is kept (keep()): most are refused for their
+ * time or their peak, and each check walks the plan once more. */
+static int simulate(cap_plan_t *next, const cap_profile_t *p,
+                    const cap_bandwidth_t *bw, bool *ok) {
+  int rc = cap__plan_predict(next, p, bw);
+  *ok = rc == 0;
+  return rc == CAP_EINVAL ? 0 : rc;
+}
 
-/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP), or
- * with the eviction of (tensor, k) left out (DROP: the tensor stays), made
- * explicit and simulated; NULL in *out when that is not a valid plan. */
+/* Whether the simulated change next is kept over plan: faster, no higher
+ * than limit at its peak, and valid. */
+static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
+                 const cap_profile_t *p, uint64_t limit) {
+  return next->predicted_peak_bytes <= limit &&
+         next->predicted_iter_ns < plan->predicted_iter_ns &&
+         cap_plan_validate(next, p, NULL, 0) == 0;
+}
+
+enum { TO_SWAP, DROP, EARLIER };
+
+/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
+ * with the eviction of (tensor, k) left out (DROP: the tensor stays), or
+ * with the prefetch of the swap of (tensor, k) started its lateness (cd's
+ * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when
+ * there is nothing to change or its lists cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
   *out = NULL;
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
-      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE))
+      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
+      (how == EARLIER && plan->actions[ai].method != CAP_METHOD_SWAP))
+    return 0;
+  uint32_t tt, ta;
+  if (how == EARLIER &&
+      !cap__earlier_trigger(p, &plan->actions[ai], cd->cost_ns,
+                            cfg->trigger_margin_ns, &tt, &ta))
     return 0;
   cap_plan_t *next = cap_plan_clone(plan);
   if (!next)
@@ -67,12 +99,16 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     next->actions[ai] = next->actions[--next->n_actions];
     goto explicit;
   }
+  if (how == EARLIER) {
+    a->prefetch_tensor = tt;
+    a->prefetch_access = ta;
+    goto explicit;
+  }
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = a->n_recompute = 0;
   a->flags = 0;
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
-  uint32_t tt, ta;
   if (cap__earlier_trigger(p, a,
                            cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
                            cfg->trigger_margin_ns, &tt, &ta)) {
@@ -85,12 +121,9 @@ explicit:;
     cap_plan_destroy(next);
     return rc;
   }
-  if (cap_plan_validate(next, p, NULL, 0) != 0) {
-    cap_plan_destroy(next);
-    return 0;
-  }
-  rc = cap__plan_predict(next, p, &cfg->bw);
-  if (rc) {
+  bool ok;
+  rc = simulate(next, p, &cfg->bw, &ok);
+  if (rc || !ok) {
     cap_plan_destroy(next);
     return rc;
   }
@@ -147,11 +180,9 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
   int rc = 0;
   if (any) {
     g->sims_left--;
-    bool valid = cap_plan_validate(next, g->p, NULL, 0) == 0;
-    if (valid)
-      rc = cap__plan_predict(next, g->p, &g->cfg->bw);
-    if (valid && !rc && next->predicted_peak_bytes <= g->limit &&
-        next->predicted_iter_ns < g->plan->predicted_iter_ns) {
+    bool ok;
+    rc = simulate(next, g->p, &g->cfg->bw, &ok);
+    if (ok && keep(next, g->plan, g->p, g->limit)) {
       cap_plan_t tmp = *g->plan;
       *g->plan = *next;
       *next = tmp;
@@ -223,7 +254,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
   int64_t *late = NULL;
-  int rc = how == DROP ? stalls(plan, p, cfg, &late) : 0;
+  int rc = how != TO_SWAP ? stalls(plan, p, cfg, &late) : 0;
   if (rc)
     return rc;
   cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
@@ -237,13 +268,10 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE) {
-      const uint32_t *ops = cap_action_recompute_ops(plan, a);
-      for (uint32_t j = 0; j < a->n_recompute; j++)
-        cost += p->ops[ops[j]].end_ns - p->ops[ops[j]].start_ns;
-    } else if (how == DROP) {
+    if (a->method == CAP_METHOD_RECOMPUTE && how != EARLIER)
+      cost = cap__replay_ns(plan, p, a);
+    else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
-    }
     if (cost > 0)
       cands[n++] = (cand_t){cost, a->tensor, a->evict_after_access};
   }
@@ -253,8 +281,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     rc = try_change(plan, p, cfg, &cands[i], how, &next);
     if (rc || !next)
       continue;
-    if (next->predicted_peak_bytes <= limit &&
-        next->predicted_iter_ns < plan->predicted_iter_ns) {
+    if (keep(next, plan, p, limit)) {
       /* swap the contents: the caller's pointer stays valid */
       cap_plan_t tmp = *plan;
       *plan = *next;
@@ -273,7 +300,9 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     return 0;
   int rc = search(plan, p, cfg, TO_SWAP, max_tries);
   if (!rc)
-    rc = search(plan, p, cfg, DROP, max_tries / 2);
+    rc = search(plan, p, cfg, DROP, max_tries / 8);
+  if (!rc)
+    rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
   return rc;

@@ -187,3 +187,12 @@ int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
   plan->n_recompute_ops = need;
   return 0;
 }
+
+int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_action_t *a) {
+  const uint32_t *ops = cap_action_recompute_ops(plan, a);
+  int64_t ns = 0;
+  for (uint32_t j = 0; ops && j < a->n_recompute; j++)
+    ns += p->ops[ops[j]].end_ns - p->ops[ops[j]].start_ns;
+  return ns;
+}

@@ -90,6 +90,11 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
 int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
                          uint32_t *off);
 
+/* The profile's time of the ops action a replays (0 for a swap or a
+ * release), ns (plan.c). */
+int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_action_t *a);
+
 /* Simulate plan on p and make its predicted_iter_ns and
  * predicted_peak_bytes the simulator's (planner.c). 0 or cap_sim_run's
  * error, the plan unchanged then. */

@@ -2,8 +2,9 @@
  * The Capuchin planner on small hand-built profiles whose right answer is
  * known: a swap that hides, a recompute where a swap cannot hide, an input
  * written in place that forbids replaying its reader, an impossible budget,
- * persistent tensors only when allowed, and every plan checked by the
- * validator and the simulator.
+ * persistent tensors only when allowed, a greedy choice undone by planning
+ * again without it, the copy engine given to the tensor costliest to
+ * replay, and every plan checked by the validator and the simulator.
  */
 #include <string.h>
 
@@ -277,6 +278,125 @@ static void test_release_lingering_gradient(void) {
   cap_profile_destroy(p);
 }
 
+static void test_replan_without_costly_replay(void) {
+  /* W (param) makes A (100 MB, 10 us), B and C (60 MB, 5.5 us each); op 3
+   * makes a 150 MB temporary: the peak, 100 MB over the budget. A, B and C
+   * are read again at ops 4, 5, 6. Copies are far too slow to hide, so only
+   * replays relieve op 3: A alone (10 us) or B and C (11 us). By memory
+   * saving per second the greedy takes B, then C (each 10.9 MB/us against
+   * A's 10), and pruning can undo neither. Banned from replaying B, it
+   * takes C then A, and pruning undoes C: A alone, 1 us faster. */
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t w = 0, a = 1, b = 2, c = 3, big = 4, o[3] = {5, 6, 7};
+  fx_tensor(&f, w, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, a, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, b, 60 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, c, 60 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, big, 150 * MB, CAP_KIND_ACTIVATION);
+  for (int i = 0; i < 3; i++)
+    fx_tensor(&f, o[i], 1 * MB, CAP_KIND_ACTIVATION);
+  fx_op(&f, 0, 10 * US, "aten.mm.default", &w, 1, &a, 1);
+  fx_op(&f, 10 * US, 15500, "aten.mm.default", &w, 1, &b, 1);
+  fx_op(&f, 15500, 21 * US, "aten.mm.default", &w, 1, &c, 1);
+  fx_op(&f, 21 * US, 31 * US, "aten.mm.default", &w, 1, &big, 1);
+  fx_free(&f, 31 * US, big);
+  uint32_t reads[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    int64_t t = (31 + 10 * i) * US;
+    fx_op(&f, t, t + 10 * US, "aten.relu.default", &reads[i], 1, &o[i], 1);
+    fx_free(&f, t + 10 * US, reads[i]);
+    fx_free(&f, t + 10 * US, o[i]);
+  }
+  cap_profile_t *p = fx_finish(&f);
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, (1 + 100 + 60 + 60 + 150 - 100) * MB);
+  cfg.bw = (cap_bandwidth_t){0.001, 0.001, 0.002};
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 1);
+  CHECK_EQ(plan->actions[0].tensor, a);
+  CHECK_EQ(plan->actions[0].method, CAP_METHOD_RECOMPUTE);
+  CHECK_EQ(r.recompute_ns, 10 * US);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+/* X (100 MB) is made by a 10 us op from W, then Y (99 MB) by a 1 ms op;
+ * four 0.5 ms ops, then op 6 (3.01 ms) makes a 200 MB temporary: the peak,
+ * 199 MB over the budget, so both must leave. Six 0.5 ms ops later op 13
+ * reads Y and op 14 reads X. A 100 MB copy takes 1.8 ms at 55.1 GB/s: the
+ * D2H engine can take one of them out before the peak, not both. */
+static cap_profile_t *one_copy_before_peak(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  uint32_t w = 0, x = 1, y = 2, big = 3;
+  fx_tensor(&f, w, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, x, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, y, 99 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, big, 200 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = 0; i < 12; i++) /* ten temporaries, the readers' outputs */
+    fx_tensor(&f, 4 + i, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_op(&f, 0, 10 * US, "aten.mm.default", &w, 1, &x, 1);
+  fx_op(&f, 10 * US, 1010 * US, "aten.mm.default", &w, 1, &y, 1);
+  int64_t t = 1010 * US;
+  uint32_t tmp = 4;
+  for (int i = 0; i < 11; i++, t += 500 * US) {
+    if (i == 4) { /* op 6, the peak: 1 ms */
+      fx_op(&f, t, t + 1000 * US, "aten.mm.default", &w, 1, &big, 1);
+      fx_free(&f, t + 1000 * US, big);
+      t += 500 * US;
+      continue;
+    }
+    fx_op(&f, t, t + 500 * US, "aten.mul.Tensor", &w, 1, &tmp, 1);
+    fx_free(&f, t + 500 * US, tmp++);
+  }
+  uint32_t reads[2] = {y, x};
+  for (int i = 0; i < 2; i++, t += 10 * US) {
+    fx_op(&f, t, t + 10 * US, "aten.relu.default", &reads[i], 1, &tmp, 1);
+    fx_free(&f, t + 10 * US, reads[i]);
+    fx_free(&f, t + 10 * US, tmp++);
+  }
+  return fx_finish(&f);
+}
+
+static void test_copy_engine_to_costliest_replay(void) {
+  /* By free time X's swap comes first, and Y's, queued behind it, would
+   * free its memory after the peak has begun: Y is replayed (1 ms). Given
+   * first to the tensor costliest to replay per byte, the D2H engine takes
+   * Y and X is replayed (10 us). That also needs the copy booked at the
+   * full 55.1 GB/s (it ends at 2.81 ms): at the 42.9 GB/s each direction
+   * gets while both run it would end at 3.32 ms, after the peak has begun,
+   * but the forward pass runs no prefetch. */
+  cap_profile_t *p = one_copy_before_peak();
+  REQUIRE(p);
+  cap_curve_t cv;
+  REQUIRE(cap_curve_compute(p, &cv) == 0);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, cv.peak_bytes - 199 * MB);
+  cap_curve_close(&cv);
+  cap_sim_result_t base;
+  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
+  cap_plan_t *plan = NULL;
+  cap_sim_result_t r;
+  CHECK_EQ(plan_checked(p, &cfg, &plan, &r), 0);
+  REQUIRE(plan);
+  REQUIRE(plan->n_actions == 2);
+  for (uint32_t i = 0; i < 2; i++) /* Y (tensor 2) swapped, X replayed */
+    CHECK_EQ(plan->actions[i].method, plan->actions[i].tensor == 2
+                                          ? CAP_METHOD_SWAP
+                                          : CAP_METHOD_RECOMPUTE);
+  CHECK_EQ(r.stall_ns, 0);
+  CHECK_EQ(r.recompute_ns, 10 * US);
+  CHECK_EQ(r.iter_ns, base.iter_ns + 10 * US);
+  cap_sim_result_close(&base);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_bad_arguments(void) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, 1);
@@ -348,6 +468,8 @@ int main(void) {
   RUN_TEST(test_infeasible_reports_smallest_peak);
   RUN_TEST(test_persistent_only_when_allowed);
   RUN_TEST(test_release_lingering_gradient);
+  RUN_TEST(test_replan_without_costly_replay);
+  RUN_TEST(test_copy_engine_to_costliest_replay);
   RUN_TEST(test_bad_arguments);
   RUN_TEST(test_late_swap_out_fits);
   return TEST_SUMMARY();
