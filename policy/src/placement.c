@@ -27,6 +27,8 @@ const char *cap_place_strategy_name(cap_place_strategy_t s) {
     return "size";
   case CAP_PLACE_BY_BREADTH:
     return "breadth";
+  case CAP_PLACE_BY_AREA:
+    return "area";
   case CAP_PLACE_BEST:
     return "best";
   }
@@ -299,6 +301,23 @@ static int valid(const cap_interval_t *iv, uint32_t n, uint64_t alignment) {
   return 0;
 }
 
+/* Bytes x time, largest first: the rank is its complement, as rank sorts
+ * ascending. (Size and time are each below 2^63; their product is taken
+ * in double, exact enough to order by.) */
+static int order_by_area(const cap_interval_t *iv, const uint64_t *size,
+                         uint32_t n, uint32_t *order, by_size_t *keys) {
+  uint64_t *rank = malloc((n ? n : 1) * sizeof *rank);
+  if (!rank)
+    return CAP_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    double area = (double)size[i] * (double)(iv[i].end - iv[i].start);
+    rank[i] = area >= 0x1p64 ? 0 : UINT64_MAX - (uint64_t)area;
+  }
+  sort_order(iv, size, rank, n, order, keys);
+  free(rank);
+  return 0;
+}
+
 static int place_with(const cap_interval_t *iv, const uint64_t *size,
                       uint32_t n, const instants_t *in, cap_place_strategy_t s,
                       cap_placement_t *out) {
@@ -316,6 +335,8 @@ static int place_with(const cap_interval_t *iv, const uint64_t *size,
   if (!rc) {
     if (s == CAP_PLACE_BY_SIZE)
       sort_order(iv, size, NULL, n, order, keys);
+    else if (s == CAP_PLACE_BY_AREA)
+      rc = order_by_area(iv, size, n, order, keys);
     else
       rc = order_by_breadth(iv, size, n, in, order, keys);
   }
