@@ -410,6 +410,7 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->it.peak_bytes = cap__dev_in_use(c->dev);
   c->in_iter = true;
   c->iter_start_ns = cap__now_ns(c->dev);
+  c->adopted_since_op = 0;
   return 0;
 }
 

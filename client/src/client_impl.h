@@ -308,6 +308,9 @@ typedef struct cap__oplog_op {
   const char *name;
   uint32_t off;  /* ids: log->ids[off .. off + n_in + n_out) */
   uint32_t n_in, n_out;
+  uint64_t adopted_bytes; /* model 2: bytes the framework adopted since the
+                             op before (the outputs it allocated as this op
+                             ran, before reporting it) */
 } cap__oplog_op_t;
 
 /* A free between ops: tensor freed before op `before` began. */
@@ -408,6 +411,7 @@ struct cap_client {
   cap_framework_alloc_fn fw_alloc;
   cap_framework_release_fn fw_release;
   void *fw_user;
+  uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */
@@ -536,6 +540,12 @@ int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
 int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                        uint32_t action, void **p, bool may_evict);
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
+
+/* framework.c: wait for swap-outs in flight, oldest first, until `bytes`
+ * more fit the budget (each wait a budget wait); false when they do not and
+ * no swap-out is left to wait for. Model 2's way to keep to the budget: the
+ * framework allocates, so the client can only make room before it does. */
+bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
  * room); make tensor id usable by the op being begun (is_output: the op

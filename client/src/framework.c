@@ -29,6 +29,8 @@ static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   t->lru = ++c->tick;
   cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
   cap__note_peak(c);
+  if (!t->persistent)
+    c->adopted_since_op += t->bytes;
 }
 
 int cap_client_adopt(cap_client_t *c, uint64_t bytes, void *dev,
@@ -104,18 +106,35 @@ int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev) {
   return 0;
 }
 
+bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes) {
+  while (cap__dev_in_use(c->dev) + bytes > c->budget_bytes) {
+    if (c->n_retire)
+      cap__reap(c, false);
+    if (cap__dev_in_use(c->dev) + bytes <= c->budget_bytes)
+      break;
+    if (!cap__retire_wait_one(c))
+      return false;
+  }
+  return true;
+}
+
+/* The bytes the next op's outputs take: what the framework adopted for
+ * them in the last complete iteration. A guided iteration follows that op
+ * sequence (the framework says when it stops: cap_client_diverged), and
+ * the plan placed the outputs at the op's start, beside its prefetches;
+ * the framework allocates them while the op runs, before it reports it,
+ * so the room must be made now. */
+static uint64_t next_op_bytes(const cap_client_t *c) {
+  if (c->mode != CAP_MODE_GUIDED || !c->log_last_valid ||
+      c->op_seq >= c->log_last.n_ops)
+    return 0;
+  return c->log_last.ops[c->op_seq].adopted_bytes;
+}
+
 int cap_client_make_room(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
-  while (cap__dev_in_use(c->dev) > c->budget_bytes) {
-    if (c->n_retire)
-      cap__reap(c, false);
-    if (cap__dev_in_use(c->dev) <= c->budget_bytes)
-      break;
-    if (!cap__retire_wait_one(c))
-      return 0;
-  }
-  return 1;
+  return cap__fw_wait_room(c, next_op_bytes(c)) ? 1 : 0;
 }
 
 cap_mode_t cap_client_mode(cap_client_t *c) {
@@ -144,6 +163,9 @@ int cap_client_op_run(cap_client_t *c, const char *name, const uint32_t *in,
   int rc = cap_client_op_begin(c, name, in, n_in, out, n_out, NULL, NULL);
   if (rc < 0)
     return rc;
+  if (!c->log_failed && c->log_cur.n_ops)
+    c->log_cur.ops[c->log_cur.n_ops - 1].adopted_bytes = c->adopted_since_op;
+  c->adopted_since_op = 0;
   /* The op ran before it was reported; it cannot have started before the
    * iteration did. */
   int64_t start = cap__now_ns(c->dev) - duration_ns;

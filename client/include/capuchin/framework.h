@@ -34,7 +34,8 @@
  * since (a copy out of it was still running): the address is what counts.
  * Budget: the client counts the bytes of adopted tensors that are on the
  * device as in use; a prefetch that would exceed the budget waits until
- * the back-access (then the framework's allocation is not refused).
+ * the back-access (then the framework's allocation waits for swap-outs in
+ * flight, and is not refused).
  */
 #ifndef CAPUCHIN_FRAMEWORK_H
 #define CAPUCHIN_FRAMEWORK_H
@@ -107,12 +108,17 @@ CAP_EXTERN int cap_client_op_run(cap_client_t *c, const char *name,
  * ends passive. The plan is kept for the next iteration. */
 CAP_EXTERN int cap_client_diverged(cap_client_t *c);
 
-/* The framework is about to allocate (run an op): while the bytes in use
+/* The framework is about to run the next op, which allocates its outputs
+ * before the op can be reported: in a guided iteration, while the bytes in
+ * use plus what that op's outputs took in the last complete iteration
  * exceed the budget, wait for the swap-outs in flight to finish, oldest
  * first, and release their memory (each wait is a budget wait and counts
- * as stall time, as when the client allocates in model 1). Returns 1 when
- * the bytes in use are within the budget, 0 when they are not and no
- * swap-out is left to wait for. */
+ * as stall time, as when the client allocates in model 1). Outside guided
+ * iterations it only waits while the bytes in use exceed the budget.
+ * Returns 1 when the op's outputs fit, 0 when they do not and no swap-out
+ * is left to wait for. An access that brings a tensor back outside the
+ * plan (cap_client_acquire, a recompute) makes room the same way before
+ * asking the framework for memory. */
 CAP_EXTERN int cap_client_make_room(cap_client_t *c);
 
 /* The mode of the iteration in progress (the last one between iterations):
