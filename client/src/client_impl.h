@@ -264,6 +264,9 @@ typedef struct cap__xplan {
   uint32_t *trig;         /* action indices */
   uint8_t *fallback;      /* per action: carried out as swap (recompute
                              failed or unavailable) */
+  uint8_t *replays;       /* per op seq: 1 when a recompute list carried
+                             out (no fallback) replays that op */
+  uint32_t n_replays;     /* op seqs covered by replays */
   uint32_t n_refused;     /* actions the install-time walk refused */
   char note[256];         /* the first of them and why */
   /* Placement: the plan's blocks found by (tensor, kind, action), an open

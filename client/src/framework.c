@@ -137,6 +137,11 @@ int cap_client_make_room(cap_client_t *c) {
   return cap__fw_wait_room(c, next_op_bytes(c)) ? 1 : 0;
 }
 
+bool cap_client_op_replayed(cap_client_t *c, uint32_t seq) {
+  return c && c->x.plan && c->mode == CAP_MODE_GUIDED && seq < c->x.n_replays &&
+         c->x.replays[seq];
+}
+
 cap_mode_t cap_client_mode(cap_client_t *c) {
   return c ? c->mode : CAP_MODE_PASSIVE;
 }

@@ -121,6 +121,13 @@ CAP_EXTERN int cap_client_diverged(cap_client_t *c);
  * asking the framework for memory. */
 CAP_EXTERN int cap_client_make_room(cap_client_t *c);
 
+/* Whether a recompute list of the plan in force may replay op seq (0-based,
+ * in reporting order) of this guided iteration, through the recompute
+ * callback: a framework that must keep an op's arguments to replay it
+ * keeps only those ops'. false outside guided iterations. Any thread that
+ * owns the client; O(1). */
+CAP_EXTERN bool cap_client_op_replayed(cap_client_t *c, uint32_t seq);
+
 /* The mode of the iteration in progress (the last one between iterations):
  * a framework that times ops more carefully while they are measured. */
 CAP_EXTERN cap_mode_t cap_client_mode(cap_client_t *c);

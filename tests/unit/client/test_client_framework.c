@@ -207,6 +207,7 @@ static void run(bool acquire_a) {
   CHECK_EQ(f.releases, 0);
   /* w, and the five tensors at the peak (all alive at op4). */
   CHECK_EQ(st.peak_bytes, 6 * N);
+  CHECK(!cap_client_op_replayed(c, 1)); /* no plan */
 
   REQUIRE(cap_client_load_plan_json(c, plan_json, sizeof plan_json - 1) == 0);
   for (int it = 0; it < 3; it++) {
@@ -224,6 +225,9 @@ static void run(bool acquire_a) {
     CHECK_EQ(st.evictions, 2);
     CHECK_EQ(st.recomputed_ops, 1);
     CHECK_EQ(f.recomputes, 1);
+    /* Only op1 is in a recompute list: only its arguments need keeping. */
+    for (uint32_t seq = 0; seq < 6; seq++)
+      CHECK_EQ(cap_client_op_replayed(c, seq), seq == 1);
     CHECK_EQ(f.allocs, 2);
     CHECK_EQ(f.releases, 2);
     bool rel_a = false, rel_b = false;
