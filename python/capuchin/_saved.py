@@ -90,7 +90,7 @@ class SavedTensors:
     def reap(self):
         """Let the graveyard go once the client has no copy in flight."""
         if self.graveyard and (self.m.client is None or self.m.client.poll() == 0):
-            self.graveyard = []
+            del self.graveyard[:]  # in place: the client's op path watches it
 
     # --- hooks ------------------------------------------------------------
     def pack(self, t):

@@ -59,16 +59,23 @@ class Tensors:
         self.on_free = on_free   # on_free(ident): forget adapter state of it
 
     def lookup(self, t):
+        dp = t.data_ptr()
         off = t.storage_offset()
-        ptr = t.data_ptr() - off * t.element_size() if off else t.data_ptr()
-        st = self.by_ptr.get(ptr)
-        if st is not None and t.__dict__.get("_cap_st") is not st:
-            self._track(t, st)
+        st = self.by_ptr.get(dp - off * t.element_size() if off else dp)
+        if st is not None:
+            d = t.__dict__
+            if d.get("_cap_st") is not st:
+                self._track(t, st)
+            elif d.get("_cap_dp") != dp:
+                t._cap_dp = dp  # a new offset on the same storage
         return st
 
     def _track(self, t, st):
+        # _cap_st and _cap_dp: the client's per-op path (op_path.c) takes
+        # the id from them while t's data_ptr() is still _cap_dp.
         try:
             t._cap_st = st
+            t._cap_dp = t.data_ptr()
         except (AttributeError, RuntimeError):
             return
         if st.count == 0:

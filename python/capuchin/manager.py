@@ -116,17 +116,6 @@ class _Op:
         self.rng = rng            # RNG state the op ran with, or None
 
 
-class _Sig:
-    """What a step that cannot recompute keeps of an op: its signature."""
-
-    __slots__ = ("name", "in_ids", "out_ids")
-
-    def __init__(self, name, in_ids, out_ids):
-        self.name = name
-        self.in_ids = in_ids
-        self.out_ids = out_ids
-
-
 class _Ph:
     """A tensor argument of a recorded op: its id and its view."""
 
@@ -139,12 +128,13 @@ class _Ph:
 
 if TorchDispatchMode is not None:
     class _Mode(TorchDispatchMode):
-        def __init__(self, mgr):
-            super().__init__()
-            self.mgr = mgr
+        """handler(func, types, args=(), kwargs=None) gets every op: in a
+        reported step the client's own dispatch (C, op_path.c: one call per
+        op), in the probe Manager._torch_dispatch."""
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return self.mgr._dispatch(func, args, kwargs or {})
+        def __init__(self, handler):
+            super().__init__()
+            self.__torch_dispatch__ = handler
 
 
 class Manager:
@@ -182,18 +172,17 @@ class Manager:
         self.device = None
         self._step_no = 0
         self._in_step = False
-        self._internal = False      # the adapter's own tensor ops: not reported
+        self._internal_ = False     # the adapter's own tensor ops: not reported
         self._probe = False
         self._tensors = Tensors(None)
         self._idents = {}           # client id -> Ident
-        self._ops = []              # _Op of this iteration, by seq
-        self._plan_sig = []         # (name, in_ids, out_ids) of each op of the
-                                    # measured step, which the plan is for
-        self._diverged_run = 0      # guided steps in a row that left it
+        self._ops = {}              # seq -> _Op of this iteration (the ops
+                                    # a recompute list may replay)
+        self._diverged_run = 0      # guided steps in a row that left the
+                                    # plan's op sequence
         self.remeasured = 0         # times the job was measured again
         self._guided = False
         self._mode = "probe"
-        self._diverged = False
         self._live_bytes = 0
         self._peak_bytes = 0
         self._saved = SavedTensors(self)
@@ -218,7 +207,7 @@ class Manager:
             # Saved-tensor hooks in every reported step, guided or not: with
             # hooks autograd saves a tensor without the detach it makes
             # otherwise, and the op sequences must match.
-            with _Mode(self):
+            with _Mode(self._torch_dispatch if self._probe else self.client.dispatch):
                 if not self._probe:
                     with self._saved.hooks():
                         yield self
@@ -273,8 +262,7 @@ class Manager:
         self._step_no += 1
         self._in_step = True
         self._probe = self._step_no == 1
-        self._ops = []
-        self._diverged = False
+        self._ops = {}
         self._stopped = False
         self._saved.begin()
         self._t0 = time.perf_counter_ns()
@@ -292,9 +280,11 @@ class Manager:
         self._flush_frees()
         self._mode = self.client.begin()
         self._guided = self._mode == "guided"
+        self._sync_op_path()
 
     def _end(self, ok):
         self._in_step = False
+        self._sync_op_path()
         self._saved.end()
         if self._probe:
             self._flush_frees()
@@ -318,7 +308,8 @@ class Manager:
         st["verify_mismatches"] = self._saved.take_mismatches()
         notes = [n for n in (st.get("plan_note"), st.get("first_error")) if n]
         if self._diverged:
-            notes.insert(0, "diverged from the plan's iteration at op %d" % self._diverged_at)
+            notes.insert(0, "diverged from the plan's iteration at op %d" %
+                         self.client.diverged_at)
         s = self.client.stats()
         if s.get("daemon_message"):
             notes.append(s["daemon_message"])
@@ -333,8 +324,6 @@ class Manager:
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
         self.iterations.append(st)
-        if st["mode"] == "measured":
-            self._plan_sig = [(o.name, o.in_ids, o.out_ids) for o in self._ops]
         if self._guided:
             self._diverged_run = self._diverged_run + 1 if self._diverged else 0
         if st["mode"] == "measured" and self.plan_wait_s > 0:
@@ -366,7 +355,7 @@ class Manager:
         next step, and the daemon plans that."""
         self._flush_frees()
         self.client.close()
-        self._saved.graveyard = []
+        del self._saved.graveyard[:]
         persistent = {id(i): i for i in self._idents.values() if i.persistent}
         self._idents = {}
         self.client = self._new_client()
@@ -378,7 +367,7 @@ class Manager:
                 continue
             ident.id = self.client.adopt_persistent(ident.nbytes, live[0].ptr)
             self._idents[ident.id] = ident
-        self._plan_sig = []
+        self._attach()
         self._diverged_run = 0
         self.remeasured += 1
 
@@ -432,6 +421,7 @@ class Manager:
             for st, t in objs:
                 table.add(t, new)
         self._tensors = table
+        self._attach()
 
     # --- ops --------------------------------------------------------------
     def _flush_frees(self):
@@ -439,7 +429,8 @@ class Manager:
         pend = self._tensors.pending_frees
         if not pend:
             return
-        self._tensors.pending_frees = []
+        pend = list(pend)
+        del self._tensors.pending_frees[:]  # in place: the op path watches it
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
@@ -499,6 +490,45 @@ class Manager:
         self._tensors.add(t, ident)
         return ident.id
 
+    # The per-op path: in a reported step the mode's handler is the client's
+    # dispatch (C, python/src/op_path.c), which reports an ordinary op
+    # itself and hands every other one to _dispatch; the probe has no client
+    # and comes here directly.
+    @property
+    def _internal(self):
+        return self._internal_
+
+    @_internal.setter
+    def _internal(self, v):
+        self._internal_ = v
+        self._sync_op_path()
+
+    @property
+    def _diverged(self):
+        """This guided step left the plan's op sequence (the client saw it)."""
+        return self.client is not None and self.client.diverged_at >= 0
+
+    def _sync_op_path(self):
+        """Whether the client's dispatch may handle ops itself: in a
+        reported step that is still reporting, outside the adapter's own
+        ops, and not while a measured step on a GPU times each op between
+        two synchronisations (the Python path does that)."""
+        if self.client is None:
+            return
+        self.client.on = (self._in_step and not self._probe and not self._stopped and
+                          not self._internal_ and
+                          not (self._mode == "measured" and self.device is not None and
+                               self.device.type == "cuda"))
+
+    def _attach(self):
+        """Give the client's dispatch what it needs of this adapter."""
+        self.client.set_op_path(self._dispatch, self._id_of, self._stop,
+                                self._tensors.by_ptr, self._tensors.pending_frees,
+                                self._saved.graveyard, torch.Tensor, frozenset([_DETACH]))
+
+    def _torch_dispatch(self, func, types, args=(), kwargs=None):
+        return self._dispatch(func, args, kwargs or {})
+
     def _dispatch(self, func, args, kwargs):
         if self._internal or not self._in_step or self._stopped:
             return _run(func, args, kwargs)
@@ -516,6 +546,7 @@ class Manager:
 
     def _stop(self, why):
         self._stopped = True
+        self._sync_op_path()
         self._stop_reason = why
         self.warn_once("stopped", "step %d stopped reporting (%s); it runs unmanaged" % (
             self._step_no, why))
@@ -530,10 +561,13 @@ class Manager:
             self._flush_frees()
         leaves, spec = _flatten(args, kwargs)
         probe = self._probe
+        guided = self._guided and not self._diverged
+        seq = 0 if probe else self.client.op_seq
+        # Only ops a recompute list may replay keep their arguments (and the
+        # RNG state they ran with) for the replay.
+        record = guided and self.client.replayed(seq)
         in_ids = []
-        # Only a guided step can recompute: only it records each op's
-        # arguments for a replay.
-        rec_leaves = list(leaves) if self._guided else None
+        rec_leaves = list(leaves) if record else None
         for i, a in enumerate(leaves):
             if isinstance(a, torch.Tensor):
                 tid = self._id_of(a)
@@ -548,10 +582,10 @@ class Manager:
             name = str(func)
             info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
         name = info[0]
-        rng = self._rng_state() if info[1] and self._guided else None
-        if self._guided and not self._diverged:
+        rng = self._rng_state() if info[1] and record else None
+        if guided:
             # PyTorch allocates the op's outputs: first let the swap-outs
-            # in flight release what the budget needs (a budget wait).
+            # in flight release what they will take (a budget wait).
             self.client.make_room()
         # A measured op's time on a GPU is its kernels': the host waits for
         # them (only in the measured step; the others are not timed).
@@ -577,18 +611,11 @@ class Manager:
                     out_ids.append(tid)
         if probe:
             return out
-        seq = len(self._ops)
         in_t, out_t = tuple(in_ids), tuple(out_ids)
-        self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
-                         if self._guided else _Sig(name, in_t, out_t))
-        if self._guided and not self._diverged and (
-                seq >= len(self._plan_sig) or self._plan_sig[seq] != (name, in_t, out_t)):
-            self._diverged = True
-            self._diverged_at = seq
-            if os.environ.get("CAPUCHIN_DEBUG"):
-                print("capuchin: diverged at op", seq, (name, in_t, out_t), "was",
-                      self._plan_sig[seq] if seq < len(self._plan_sig) else None)
-            self.client.diverged()
+        if record:
+            self._ops[seq] = _Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
+        # The client checks that a guided step still follows the plan's op
+        # sequence (and stops the plan where it does not), then reports.
         self.client.op(name, in_t, out_t, dur)
         return out
 
@@ -629,10 +656,8 @@ class Manager:
             self._internal = prev
 
     def _replay(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
-        if seq >= len(self._ops):
-            return False
-        op = self._ops[seq]
-        if not isinstance(op, _Op) or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
+        op = self._ops.get(seq)
+        if op is None or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
             return False
         addr_of = dict(zip(in_ids, in_addrs))
         leaves = list(op.leaves)
