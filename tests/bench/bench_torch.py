@@ -5,8 +5,9 @@
 
 1. Per op: an op (a small in-place add) timed one by one under an empty
    TorchDispatchMode and inside a capuchin step (the per-op path: the mode,
-   the storage ids, the op report through capuchin._client). The adapter's
-   cost is the difference, median and p99.
+   the storage ids, the op report, all in capuchin._client's dispatch),
+   in interleaved rounds. The adapter's cost is the difference, median and
+   p99.
 2. Per budget: the iteration time (median of the guided iterations) and the
    tracked peak of a test model (tests/python/torch_models.py) at 100, 50
    and 30 %, against the same training without Capuchin. Needs a daemon:
@@ -48,14 +49,16 @@ def pct(v, p):
     return v[min(len(v) - 1, int(p / 100.0 * len(v)))]
 
 
-def bench_ops(n, sock):
+def bench_ops(n, sock, rounds=20):
+    """The three ways of running an op, in interleaved rounds (one step of
+    each manager per round, each step the same ops, so that its guided
+    steps follow the measured one) so that what else runs on the machine
+    falls on all three alike."""
     x, y = torch.zeros(16), torch.ones(16)
-    with Empty():
-        per_op_ns(n // 10, x, y)  # warm up
-        base = per_op_ns(n, x, y)
-    rows = [("empty TorchDispatchMode", base)]
+    chunk = max(1, n // rounds)
+    ways = [("empty TorchDispatchMode", None)]
     # Passive (no daemon: ops reported, nothing recorded for recompute) and,
-    # with a daemon, guided (each op's arguments recorded for a replay).
+    # with a daemon, guided (the plan's triggers checked at each op).
     for label, kw in (("capuchin step, passive", dict(no_daemon=True)),
                       ("capuchin step, guided", dict(socket=sock, plan_wait_s=20))):
         if "socket" in kw and not sock:
@@ -63,15 +66,29 @@ def bench_ops(n, sock):
         mgr = capuchin.Manager(budget="100%", job="bench-ops", **kw)
         for _ in range(2 if "socket" in kw else 1):  # the probe (and the measured step)
             with mgr.step():
-                per_op_ns(n // 10 + n, x, y)
-        with mgr.step():
-            per_op_ns(n // 10, x, y)
-            ts = per_op_ns(n, x, y)
-        rows.append(("%s (%s)" % (label, mgr.iterations[-1]["mode"]), ts))
-        mgr.close()
-    print("per op (%d ops of aten.add_ on 16 floats, this machine):" % n)
+                per_op_ns(chunk, x, y)
+        ways.append((label, mgr))
+    samples = {label: [] for label, _ in ways}
+    with Empty():
+        per_op_ns(chunk, x, y)  # warm up
+    for _ in range(rounds):
+        for label, mgr in ways:
+            if mgr is None:
+                with Empty():
+                    samples[label] += per_op_ns(chunk, x, y)
+            else:
+                with mgr.step():
+                    samples[label] += per_op_ns(chunk, x, y)
+    print("per op (%d ops of aten.add_ on 16 floats in %d rounds, this machine):" % (
+        chunk * rounds, rounds))
+    base = samples[ways[0][0]]
     bm, bp = statistics.median(base), pct(base, 99)
-    for label, ts in rows:
+    for label, mgr in ways:
+        ts = samples[label]
+        if mgr is not None:
+            modes = sorted(set(it["mode"] for it in mgr.iterations[-rounds:]))
+            label = "%s (%s)" % (label, ",".join(modes))
+            mgr.close()
         m, p = statistics.median(ts), pct(ts, 99)
         extra = "" if ts is base else "   adapter: median %5.2f us  p99 %6.2f us" % (
             (m - bm) / 1e3, (p - bp) / 1e3)
