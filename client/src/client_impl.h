@@ -415,6 +415,8 @@ struct cap_client {
   cap_framework_release_fn fw_release;
   void *fw_user;
   uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
+  bool fw_persistent;          /* the framework can give up and take back a
+                                  persistent tensor's memory */
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */

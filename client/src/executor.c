@@ -178,7 +178,7 @@ int cap__op_end(cap_client_t *c) {
       continue;
     uint32_t ai = s->evict;
     const cap_action_t *a = &c->x.plan->actions[ai];
-    if (t->framework && t->persistent) {
+    if (t->framework && t->persistent && !c->fw_persistent) {
       /* The framework cannot give up a weight's memory (framework.h):
        * kept on the device, carried out as a fallback. */
       c->it.fallbacks++;

@@ -20,6 +20,13 @@ int cap_client_set_framework_memory(cap_client_t *c,
   return 0;
 }
 
+int cap_client_set_persistent_evictable(cap_client_t *c, bool yes) {
+  if (!c)
+    return CAP_EINVAL;
+  c->fw_persistent = yes;
+  return 0;
+}
+
 /* The tensor is on the device at the framework's dev. */
 static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   cap__tensor_t *t = &c->tensors[id];

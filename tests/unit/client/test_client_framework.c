@@ -391,6 +391,77 @@ static void budget_and_host_cap(bool capped) {
   CHECK_EQ(f.n_live, 0);
 }
 
+/* A framework that can give up a weight's memory (PyTorch resizes the
+ * storage to 0 and back): the plan swaps weight w out after op0 and the
+ * framework brings it back before op1 reads it, as it must before any op
+ * that uses a weight. The weight goes through release and alloc like a
+ * transient tensor and comes back with its bytes. */
+static void test_framework_persistent_evictable(void) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  REQUIRE(cap_client_set_persistent_evictable(c, true) == 0);
+  uint8_t *wbuf = fw_new(&f, N);
+  REQUIRE(wbuf);
+  for (uint32_t i = 0; i < N; i++)
+    wbuf[i] = (uint8_t)(i * 13 + 5);
+  uint32_t w;
+  REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t out[2];
+    for (uint32_t k = 0; k < 2; k++) {
+      void *p = NULL;
+      CHECK_EQ(cap_client_acquire(c, w, &p), 0); /* before the op reads it */
+      uint8_t *o = fw_new(&f, N), *x = p;
+      REQUIRE(o && x);
+      for (uint32_t i = 0; i < N; i++)
+        o[i] = (uint8_t)(x[i] + k);
+      CHECK_EQ(cap_client_adopt(c, N, o, &out[k]), 0);
+      CHECK_EQ(cap_client_op_run(c, "aten::add", &w, 1, &out[k], 1, 1000), 0);
+      if (k == 0) { /* the swap-out finishes: the weight's memory goes */
+        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+          nanosleep(&(struct timespec){0, 100000}, NULL);
+        CHECK_EQ(cap_client_tensor_resident(c, w), it == 1 ? 0 : 1);
+      }
+    }
+    const uint8_t *b = cap_client_tensor_ptr(c, out[1]);
+    REQUIRE(b);
+    bool same = true;
+    for (uint32_t i = 0; i < N; i++)
+      same &= b[i] == (uint8_t)(i * 13 + 5 + 1);
+    CHECK(same);
+    cap_iter_stats_t st;
+    for (uint32_t k = 0; k < 2; k++) {
+      void *q = cap_client_tensor_ptr(c, out[k]);
+      CHECK_EQ(cap_client_free(c, out[k]), 0);
+      fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    CHECK_EQ(st.evictions, it == 1 ? 1u : 0u);
+    CHECK_EQ(st.fallbacks, 0u);
+    CHECK_EQ(f.releases, it == 1 ? 1u : 0u);
+    CHECK_EQ(f.allocs, it == 1 ? 1u : 0u);
+    f.releases = f.allocs = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 1); /* the weight, in the memory the client asked for */
+  while (f.n_live)
+    fw_drop(&f, f.live[0]);
+}
+
 static void test_framework_make_room(void) { budget_and_host_cap(false); }
 static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
 
@@ -402,6 +473,7 @@ int main(void) {
   RUN_TEST(test_framework_memory_acquire);
   RUN_TEST(test_framework_op_run_and_diverged);
   RUN_TEST(test_framework_make_room);
+  RUN_TEST(test_framework_persistent_evictable);
   RUN_TEST(test_framework_host_pool_cap);
   return TEST_SUMMARY();
 }
