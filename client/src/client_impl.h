@@ -218,6 +218,8 @@ typedef struct cap__tensor {
   uint8_t pinned;      /* used by the op being begun: not evictable */
   uint8_t framework;   /* its device memory is the framework's (model 2,
                           tensor_mem.c), not the client's allocator's */
+  uint8_t evictable;   /* persistent and the framework's: it can give the
+                          memory up (cap_client_set_evictable) */
   uint32_t n_access;   /* accesses so far this iteration */
   uint32_t out_action; /* action of the eviction in force, CAP_NONE passive */
   uint32_t back_access;/* access that brings it back (feedback) */
@@ -415,8 +417,6 @@ struct cap_client {
   cap_framework_release_fn fw_release;
   void *fw_user;
   uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
-  bool fw_persistent;          /* the framework can give up and take back a
-                                  persistent tensor's memory */
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */

@@ -178,15 +178,15 @@ int cap__op_end(cap_client_t *c) {
       continue;
     uint32_t ai = s->evict;
     const cap_action_t *a = &c->x.plan->actions[ai];
-    if (t->framework && t->persistent && !c->fw_persistent) {
-      /* The framework cannot give up a weight's memory (framework.h):
-       * kept on the device, carried out as a fallback. */
+    if (t->framework && t->persistent && !t->evictable) {
+      /* The framework cannot give up this weight's memory (framework.h,
+       * cap_client_set_evictable): kept on the device, a fallback. */
       c->it.fallbacks++;
       atomic_fetch_add(&c->ctr.fallbacks, 1);
       if (!c->it.plan_note[0])
         snprintf(c->it.plan_note, sizeof c->it.plan_note,
-                 "action %u evicts persistent tensor %u, which the framework "
-                 "owns: kept on the device", ai, id);
+                 "action %u evicts persistent tensor %u, whose memory the "
+                 "framework cannot give up: kept on the device", ai, id);
       continue;
     }
     if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {

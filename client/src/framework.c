@@ -20,10 +20,11 @@ int cap_client_set_framework_memory(cap_client_t *c,
   return 0;
 }
 
-int cap_client_set_persistent_evictable(cap_client_t *c, bool yes) {
-  if (!c)
+int cap_client_set_evictable(cap_client_t *c, uint32_t id, bool yes) {
+  if (!c || id >= c->n_tensors || !c->tensors[id].persistent ||
+      !c->tensors[id].framework)
     return CAP_EINVAL;
-  c->fw_persistent = yes;
+  c->tensors[id].evictable = yes;
   return 0;
 }
 

@@ -75,23 +75,24 @@ CAP_EXTERN int cap_client_adopt(cap_client_t *c, uint64_t bytes, void *dev,
 
 /* Register a persistent tensor (kind CAP_KIND_PARAM or CAP_KIND_INPUT) the
  * framework holds at dev. Plans that evict persistent tensors are not
- * carried out on adopted ones unless the framework said it can give up a
- * weight's memory (cap_client_set_persistent_evictable): such an action
- * keeps the tensor and counts as a fallback. */
+ * carried out on an adopted one unless the framework said it can give up
+ * its memory (cap_client_set_evictable): such an action keeps the tensor
+ * and counts as a fallback. */
 CAP_EXTERN int cap_client_adopt_persistent(cap_client_t *c, uint64_t bytes,
                                            cap_tensor_kind_t kind, void *dev,
                                            uint32_t *id);
 
-/* The framework can give up a persistent tensor's memory after its
- * evicted-access and take new memory for it when the client brings it
- * back (PyTorch: resize the storage to 0 bytes and back; the tensor
- * objects on it stay), through the same release and alloc callbacks as a
- * transient tensor's: plans that evict weights or optimizer state are then
- * carried out on adopted persistent tensors too. Since anything may read a
- * weight, the framework must bring it back (cap_client_acquire) before it
- * runs an op that reads or writes it, and before its own code reads it
- * outside ops (between iterations). Off by default. */
-CAP_EXTERN int cap_client_set_persistent_evictable(cap_client_t *c, bool yes);
+/* Whether the framework can give up the memory of persistent tensor id
+ * (adopted) after its evicted-access and take new memory for it when the
+ * client brings it back (PyTorch: resize the storage to 0 bytes and back;
+ * the tensor objects on it stay; not a storage NumPy shares), through the
+ * same release and alloc callbacks as a transient tensor's. Plans that
+ * evict it are then carried out. Since anything may read a weight, the
+ * framework must bring it back (cap_client_acquire) before it runs an op
+ * that reads or writes it, and before its own code reads it outside ops
+ * (between iterations). Off for each tensor until set; CAP_EINVAL for a
+ * tensor that is not an adopted persistent one. */
+CAP_EXTERN int cap_client_set_evictable(cap_client_t *c, uint32_t id, bool yes);
 
 /* Bring tensor id back to the device now, outside an op, and give its
  * address: what a saved-tensor unpack hook calls just before the

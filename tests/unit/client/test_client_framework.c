@@ -406,13 +406,13 @@ static void test_framework_persistent_evictable(void) {
   REQUIRE(cap_client_create(&cfg, &c) == 0);
   fw_t f = {0};
   REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
-  REQUIRE(cap_client_set_persistent_evictable(c, true) == 0);
   uint8_t *wbuf = fw_new(&f, N);
   REQUIRE(wbuf);
   for (uint32_t i = 0; i < N; i++)
     wbuf[i] = (uint8_t)(i * 13 + 5);
   uint32_t w;
   REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  REQUIRE(cap_client_set_evictable(c, w, true) == 0);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
