@@ -40,7 +40,8 @@ except ImportError:  # pragma: no cover - torch < 1.13
 
 from . import _client
 from ._saved import SavedTensors
-from ._tensors import Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes, view_on
+from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
+                       storage_resizable, view_on)
 
 _RNG_WORDS = ("bernoulli", "dropout", "rand", "normal", "uniform", "exponential",
               "multinomial", "poisson", "geometric", "cauchy", "log_normal")
@@ -142,10 +143,18 @@ class Manager:
 
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
-                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0):
+                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0,
+                 evict_persistent=True):
         if TorchDispatchMode is None:
             raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
         self.budget_spec = parse_budget(budget)
+        # Plans may evict weights and optimizer state (the daemon plans so
+        # when nothing else fits, --evict-persistent auto): their storages
+        # are resized to 0 after the copy out and back before any op uses
+        # them. False keeps them on the device (such actions fall back).
+        self.evict_persistent = evict_persistent
+        self._weights = set()       # client ids of the persistent storages
+        self._weights_out = 0       # weights given up this step
         self.job = job
         self.socket = socket
         self.no_daemon = no_daemon
@@ -220,7 +229,7 @@ class Manager:
     def report(self):
         """The per-iteration table."""
         cols = ("iter", "mode", "time_ms", "peak_MiB", "budget_MiB", "out_MiB",
-                "in_MiB", "evict", "recomp", "stalls", "fallb", "verify_bad", "note")
+                "in_MiB", "evict", "w_out", "recomp", "stalls", "fallb", "verify_bad", "note")
         rows = [cols]
         for it in self.iterations:
             rows.append((str(it["iteration"]), it["mode"],
@@ -229,7 +238,8 @@ class Manager:
                          "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
                          "%.2f" % (it.get("bytes_out", 0) / 2**20),
                          "%.2f" % (it.get("bytes_in", 0) / 2**20),
-                         str(it.get("evictions", 0)), str(it.get("recomputed_ops", 0)),
+                         str(it.get("evictions", 0)), str(it.get("weights_out", 0)),
+                         str(it.get("recomputed_ops", 0)),
                          str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
                          str(it.get("verify_mismatches", 0)), it.get("note", "")))
         w = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
@@ -264,6 +274,7 @@ class Manager:
         self._probe = self._step_no == 1
         self._ops = {}
         self._stopped = False
+        self._weights_out = 0
         self._saved.begin()
         self._t0 = time.perf_counter_ns()
         if self._probe:
@@ -293,6 +304,9 @@ class Manager:
                                         time_ns=time.perf_counter_ns() - self._t0,
                                         peak_bytes=self._peak_bytes))
             return
+        # Between steps every weight is on the device: the caller may read
+        # or save it.
+        self._bring_back(self._weights)
         if self._stopped:
             self._flush_frees()
             self._disown_survivors()
@@ -314,15 +328,17 @@ class Manager:
         if s.get("daemon_message"):
             notes.append(s["daemon_message"])
         st["note"] = "; ".join(notes)
-        if "which the framework owns" in st["note"]:
-            self.warn_once("persistent", "the plan evicts weights or optimizer state, "
-                           "which stay on the device (run capuchind with "
-                           "--evict-persistent no for plans without)")
+        if "framework cannot give up" in st["note"]:
+            self.warn_once("persistent", "the plan evicts weights or optimizer state "
+                           "that stay on the device (evict_persistent=False, or a "
+                           "storage NumPy shares; capuchind --evict-persistent no "
+                           "plans without)")
         if "host pool cap" in st["note"]:
             self.warn_once("hostcap", "the pinned host pool's cap (%d bytes) was reached: "
                            "tensors it could not take stayed on the device" % self.host_pool_cap)
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
+        st["weights_out"] = self._weights_out
         self.iterations.append(st)
         if self._guided:
             self._diverged_run = self._diverged_run + 1 if self._diverged else 0
@@ -336,7 +352,7 @@ class Manager:
             backend = "cuda"
             stream = torch.cuda.current_stream(self.device).cuda_stream
         try:
-            return _client.Client(
+            client = _client.Client(
                 job=self.job, budget=self.budget_bytes, socket=self.socket,
                 no_daemon=self.no_daemon, backend=backend,
                 connect_timeout_ms=self.connect_timeout_ms,
@@ -344,6 +360,7 @@ class Manager:
                 release=self._saved.release, recompute=self._recompute,
                 compute_stream=stream, sim_gbps=self.sim_gbps,
                 host_pool_cap=self.host_pool_cap)
+            return client
         except _client.Error as e:
             self._off = True
             self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
@@ -358,18 +375,34 @@ class Manager:
         del self._saved.graveyard[:]
         persistent = {id(i): i for i in self._idents.values() if i.persistent}
         self._idents = {}
+        self._weights = set()
         self.client = self._new_client()
         if self.client is None:
             return
         for ident in persistent.values():
             live = [st for st in ident.storages if st.count > 0]
-            if not live:
+            t = self._tensors.tensor_of(live[0]) if live else None
+            if t is None:
                 continue
-            ident.id = self.client.adopt_persistent(ident.nbytes, live[0].ptr)
+            ident.id = self._adopt_weight(ident.nbytes, t)
+            self._tensors.moved(live[0], t)
             self._idents[ident.id] = ident
         self._attach()
         self._diverged_run = 0
         self.remeasured += 1
+
+    def _adopt_weight(self, nbytes, t):
+        """t's storage becomes a persistent tensor of the client: its id.
+        Plans may evict it where the adapter can give its memory up (not a
+        storage NumPy shares: PyTorch refuses to resize that one)."""
+        # (torch 1.13 can only tell by resizing, which moves the storage:
+        # before the client is told where it is)
+        evictable = self.evict_persistent and storage_resizable(t)
+        cid = self.client.adopt_persistent(nbytes, storage_base(t))
+        self._weights.add(cid)
+        if evictable:
+            self.client.set_evictable(cid, True)
+        return cid
 
     def _end_probe(self):
         """Turn the probe into the budget and the client's persistent tensors."""
@@ -415,7 +448,7 @@ class Manager:
             objs = [(st, t) for st, t in objs if t is not None]
             if not objs:
                 continue
-            cid = self.client.adopt_persistent(ident.nbytes, objs[0][0].ptr)
+            cid = self._adopt_weight(ident.nbytes, objs[0][1])
             new = Ident(cid, ident.nbytes, True)
             self._idents[cid] = new
             for st, t in objs:
@@ -425,6 +458,23 @@ class Manager:
 
     # --- ops --------------------------------------------------------------
     def _flush_frees(self):
+        """The work due between ops: weights the client released are
+        resized to 0, buffers no copy uses any more go, frees are reported."""
+        give = self._tensors.give_up
+        if give:
+            sts = list(give)
+            del give[:]  # in place: the op path watches it
+            for st in sts:
+                if self._tensors.release_weight(st):
+                    self._weights_out += 1
+                else:
+                    # Its bytes never left: the client copies them back at
+                    # once, before an op can change them, and plans no
+                    # longer take it out.
+                    self.client.set_evictable(st.ident.id, False)
+                    self._saved.restore_weight(st.ident.id)
+                    self.warn_once("resizable", "a weight's storage became "
+                                   "shared with NumPy: it stays on the device")
         self._saved.reap()
         pend = self._tensors.pending_frees
         if not pend:
@@ -522,9 +572,10 @@ class Manager:
 
     def _attach(self):
         """Give the client's dispatch what it needs of this adapter."""
-        self.client.set_op_path(self._dispatch, self._id_of, self._stop,
-                                self._tensors.by_ptr, self._tensors.pending_frees,
-                                self._saved.graveyard, torch.Tensor, frozenset([_DETACH]))
+        t = self._tensors
+        self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
+                                (t.pending_frees, t.give_up, self._saved.graveyard),
+                                torch.Tensor, frozenset([_DETACH]))
 
     def _torch_dispatch(self, func, types, args=(), kwargs=None):
         return self._dispatch(func, args, kwargs or {})
@@ -554,10 +605,24 @@ class Manager:
             self.client.diverged()
         except _client.Error:
             pass
+        # The ops that follow are not seen: every weight must be there now.
+        self._bring_back(self._weights)
+
+    def _bring_back(self, ids):
+        """The weights among ids that the plan took out come back: before
+        an op that uses them (PyTorch reads a weight wherever the op
+        likes), or all of them when the step ends. A copy that finishes
+        meanwhile may release another one: until none is out."""
+        while True:
+            out = [tid for tid in ids if not self.client.resident(tid)]
+            if not out:
+                return
+            for tid in out:
+                self._saved.restore_weight(tid)
 
     def _report(self, func, args, kwargs):
         self._op_ran = False
-        if self._tensors.pending_frees or self._saved.graveyard:
+        if self._tensors.pending_frees or self._saved.graveyard or self._tensors.give_up:
             self._flush_frees()
         leaves, spec = _flatten(args, kwargs)
         probe = self._probe
@@ -566,6 +631,11 @@ class Manager:
         # Only ops a recompute list may replay keep their arguments (and the
         # RNG state they ran with) for the replay.
         record = guided and self.client.replayed(seq)
+        if guided:
+            # PyTorch allocates the op's outputs: first let the swap-outs
+            # in flight release what they will take (a budget wait). Before
+            # the inputs are looked at: a weight it releases comes back below.
+            self.client.make_room()
         in_ids = []
         rec_leaves = list(leaves) if record else None
         for i, a in enumerate(leaves):
@@ -577,16 +647,15 @@ class Manager:
                     in_ids.append(tid)
                 if rec_leaves is not None:
                     rec_leaves[i] = _Ph(tid, meta_of(a))
+        weights = [tid for tid in in_ids if tid in self._weights]
+        if weights:
+            self._bring_back(weights)
         info = _FUNC_INFO.get(func)
         if info is None:
             name = str(func)
             info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
         name = info[0]
         rng = self._rng_state() if info[1] and record else None
-        if guided:
-            # PyTorch allocates the op's outputs: first let the swap-outs
-            # in flight release what they will take (a budget wait).
-            self.client.make_room()
         # A measured op's time on a GPU is its kernels': the host waits for
         # them (only in the measured step; the others are not timed).
         sync = (self._mode == "measured" and self.device is not None and

@@ -337,6 +337,17 @@ static PyObject *Client_poll(ClientObject *self, PyObject *unused) {
   return PyLong_FromLong(n);
 }
 
+static PyObject *Client_set_evictable(ClientObject *self, PyObject *args) {
+  unsigned int id;
+  int yes;
+  if (check_open(self) < 0 || !PyArg_ParseTuple(args, "Ip", &id, &yes))
+    return NULL;
+  int rc = cap_client_set_evictable(self->c, id, yes);
+  if (rc < 0)
+    return cap_py_raise_rc(self, rc);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Client_make_room(ClientObject *self, PyObject *unused) {
   if (check_open(self) < 0)
     return NULL;
@@ -458,6 +469,9 @@ static PyMethodDef Client_methods[] = {
     {"poll", (PyCFunction)Client_poll, METH_NOARGS,
      "poll() -> copies still running (finished ones are released)"},
     {"resident", (PyCFunction)Client_resident, METH_O, "resident(id) -> bool"},
+    {"set_evictable", (PyCFunction)Client_set_evictable, METH_VARARGS,
+     "set_evictable(id, bool): the adapter can give up and take back the "
+     "memory of persistent tensor id (capuchin/framework.h)"},
     {"make_room", (PyCFunction)Client_make_room, METH_NOARGS,
      "make_room() -> bool: wait for swap-outs while over the budget"},
     {"begin", (PyCFunction)Client_begin, METH_NOARGS,

@@ -55,8 +55,9 @@ typedef struct {
   PyObject *id_of;     /* id_of(tensor) -> id or None: adopts a storage */
   PyObject *stop;      /* stop(reason): the step stops reporting */
   PyObject *by_ptr;    /* the adapter's storage table, address -> Storage */
-  PyObject *pending;   /* its frees to report (a list): non-empty, slow */
-  PyObject *graveyard; /* buffers to let go once copies end: likewise */
+  PyObject *watch;     /* a tuple of the adapter's lists of work due
+                          before the next op (frees to report, memory to
+                          let go): while one is non-empty, ops go slow */
   PyObject *tensor_type;
   PyObject *slow_funcs; /* ops that always take the slow path */
   PyObject *func_names; /* func -> interned name (bytes), None: slow */

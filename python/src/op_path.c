@@ -119,8 +119,7 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->id_of);
   Py_CLEAR(self->stop);
   Py_CLEAR(self->by_ptr);
-  Py_CLEAR(self->pending);
-  Py_CLEAR(self->graveyard);
+  Py_CLEAR(self->watch);
   Py_CLEAR(self->tensor_type);
   Py_CLEAR(self->slow_funcs);
   Py_CLEAR(self->func_names);
@@ -382,15 +381,11 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   PyObject *kwargs = nargs > 3 ? a[3] : NULL;
   int plain = self->on && self->c && args && PyTuple_Check(args) &&
               (!kwargs || kwargs == Py_None ||
-               (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0)) &&
-              PyList_GET_SIZE(self->pending) == 0 &&
-              PyList_GET_SIZE(self->graveyard) == 0;
+               (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0));
   const char *name = plain ? func_name(self, func) : NULL;
-  uint32_t n_in = 0;
-  if (!name || !in_ids(self, args, &n_in))
+  if (!name)
     return slow_path(self, func, args ? args : empty_args, kwargs);
-  int guided = self->mode == CAP_MODE_GUIDED && self->diverged_at < 0;
-  if (guided) {
+  if (self->mode == CAP_MODE_GUIDED && self->diverged_at < 0) {
     /* The Python path records the arguments of an op a recompute list
      * may replay. */
     if (cap_client_op_replayed(self->c, self->op_seq))
@@ -400,6 +395,15 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
     if (PyErr_Occurred()) /* a release callback raised and was reported */
       PyErr_Clear();
   }
+  /* After make_room: what it released (a weight whose swap-out ended is
+   * given up before the next op, and may be this op's input) is work for
+   * the slow path, which brings such a weight back first. */
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->watch); i++)
+    if (PyList_GET_SIZE(PyTuple_GET_ITEM(self->watch, i)))
+      return slow_path(self, func, args, kwargs);
+  uint32_t n_in = 0;
+  if (!in_ids(self, args, &n_in))
+    return slow_path(self, func, args, kwargs);
   int64_t t0 = now_ns();
   PyObject *out = PyObject_Call(func, args, NULL);
   int64_t dur = now_ns() - t0;
@@ -412,15 +416,19 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   return out;
 }
 
-/* set_op_path(slow, id_of, stop, by_ptr, pending, graveyard, tensor_type,
- * slow_funcs): what dispatch needs of the adapter (see client_object.h). */
+/* set_op_path(slow, id_of, stop, by_ptr, watch, tensor_type, slow_funcs):
+ * what dispatch needs of the adapter (see client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
-  PyObject *slow, *id_of, *stop, *by_ptr, *pending, *graveyard, *tt, *sf;
-  if (!PyArg_ParseTuple(args, "OOOO!O!O!O!O!", &slow, &id_of, &stop,
-                        &PyDict_Type, &by_ptr, &PyList_Type, &pending,
-                        &PyList_Type, &graveyard, &PyType_Type, &tt,
-                        &PyFrozenSet_Type, &sf))
+  PyObject *slow, *id_of, *stop, *by_ptr, *watch, *tt, *sf;
+  if (!PyArg_ParseTuple(args, "OOOO!O!O!O!", &slow, &id_of, &stop,
+                        &PyDict_Type, &by_ptr, &PyTuple_Type, &watch,
+                        &PyType_Type, &tt, &PyFrozenSet_Type, &sf))
     return NULL;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
+    if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
+      PyErr_SetString(PyExc_TypeError, "watch: a tuple of lists");
+      return NULL;
+    }
   if (!PyCallable_Check(slow) || !PyCallable_Check(id_of) ||
       !PyCallable_Check(stop)) {
     PyErr_SetString(PyExc_TypeError, "slow, id_of and stop must be callables");
@@ -431,15 +439,14 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow, id_of, stop, by_ptr, pending, graveyard, tt, sf};
+  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, tt, sf};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
   Py_XSETREF(self->id_of, id_of);
   Py_XSETREF(self->stop, stop);
   Py_XSETREF(self->by_ptr, by_ptr);
-  Py_XSETREF(self->pending, pending);
-  Py_XSETREF(self->graveyard, graveyard);
+  Py_XSETREF(self->watch, watch);
   Py_XSETREF(self->tensor_type, tt);
   Py_XSETREF(self->slow_funcs, sf);
   Py_XSETREF(self->func_names, names);
@@ -461,8 +468,7 @@ PyMethodDef cap_py_op_path_methods[] = {
     {"op", (PyCFunction)(void (*)(void))Client_op, METH_FASTCALL,
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
-     "set_op_path(slow, id_of, stop, by_ptr, pending, graveyard, "
-     "tensor_type, slow_funcs)"},
+     "set_op_path(slow, id_of, stop, by_ptr, watch, tensor_type, slow_funcs)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},

@@ -140,7 +140,7 @@ def main():
     if a.capuchind:
         sock = os.path.join(tmp, "d.sock")
         proc = subprocess.Popen([a.capuchind, "--socket", sock, "--db", os.path.join(tmp, "d.db"),
-                                 "--evict-persistent", "no"], stderr=subprocess.DEVNULL)
+                                 "--evict-persistent", "auto"], stderr=subprocess.DEVNULL)
         for _ in range(100):
             if os.path.exists(sock):
                 break

@@ -90,14 +90,6 @@ def scenario_budgets(model_name):
         check_common(label, mgr)
         its = mgr.iterations
         check("%s: iteration 2 measured" % label, its[1]["mode"] == "measured")
-        infeasible = any("no plan fits" in it.get("note", "") for it in its)
-        if infeasible and pct == 30:
-            # Only evicting weights or optimizer state would fit: the daemon
-            # says which budget would, and the job trains unmanaged.
-            check("%s: no plan fits; the report names the smallest budget" % label,
-                  all(it["mode"] == "passive" for it in its[2:]) and
-                  "smallest feasible budget" in its[-1]["note"])
-            continue
         guided = its[2:]
         check("%s: iterations 3.. guided" % label,
               all(it["mode"] == "guided" for it in guided))
@@ -111,6 +103,14 @@ def scenario_budgets(model_name):
                 it["peak_bytes"] <= mgr.budget_bytes)
         swaps += sum(it["bytes_out"] for it in guided)
         recomputes += sum(it["recomputed_ops"] for it in guided)
+        if pct == 30 and model_name == "mlp":
+            # Its weights, gradients and momentum are two thirds of this
+            # budget: only a plan that evicts some of them fits (the
+            # daemon's floor without is above it), and the adapter carries
+            # it out.
+            check("%s: weights given up and brought back (%d)" % (
+                label, sum(it["weights_out"] for it in guided)),
+                all(it["weights_out"] > 0 for it in guided))
         mgr.close()
     check("%s: swaps happened (%d bytes out)" % (model_name, swaps), swaps > 0)
     if model_name != "mlp":  # an MLP's plans only swap (see README)
