@@ -10,7 +10,8 @@
    p99.
 2. Per budget: the iteration time (median of the guided iterations) and the
    tracked peak of a test model (tests/python/torch_models.py) at 100, 50
-   and 30 %, against the same training without Capuchin. Needs a daemon:
+   and 30 %, against the same training without Capuchin; evictions, of
+   them weights given up (w_out), and recomputed ops over those iterations. Needs a daemon:
    --capuchind starts one in a temporary folder (else $CAPUCHIN_SOCKET).
 """
 import argparse
@@ -104,9 +105,9 @@ def bench_budgets(model, iters, sock, gbps):
         times.append(time.perf_counter_ns() - t0)
     plain = statistics.median(times[2:])
     print("\n%s, %d iterations, sim copy bandwidth %g GB/s:" % (model, iters, gbps))
-    print("  %-8s %10s %12s %12s %8s %8s  %s" % ("budget", "iter_ms", "peak_MiB", "budget_MiB",
-                                                "swaps", "recomp", "modes"))
-    print("  %-8s %10.1f %12s %12s %8s %8s" % ("none", plain / 1e6, "-", "-", "-", "-"))
+    print("  %-8s %10s %12s %12s %8s %8s %8s  %s" % (
+        "budget", "iter_ms", "peak_MiB", "budget_MiB", "evict", "w_out", "recomp", "modes"))
+    print("  %-8s %10.1f %12s %12s %8s %8s %8s" % ("none", plain / 1e6, "-", "-", "-", "-", "-"))
     for pctv in (100, 50, 30):
         m, o, batches = build(model)
         mgr = capuchin.Manager(budget="%d%%" % pctv, job="bench-%s-%d" % (model, pctv),
@@ -118,9 +119,10 @@ def bench_budgets(model, iters, sock, gbps):
         guided = [it for it in its if it["mode"] == "guided"] or its
         t = statistics.median(it["time_ns"] for it in guided)
         peak = max(it["peak_bytes"] for it in guided)
-        print("  %-8s %10.1f %12.2f %12.2f %8d %8d  %s" % (
+        print("  %-8s %10.1f %12.2f %12.2f %8d %8d %8d  %s" % (
             "%d%%" % pctv, t / 1e6, peak / 2**20, mgr.budget_bytes / 2**20,
             sum(it["evictions"] for it in guided),
+            sum(it["weights_out"] for it in guided),
             sum(it["recomputed_ops"] for it in guided),
             ",".join(sorted(set(it["mode"] for it in its)))))
         mgr.close()
