@@ -57,6 +57,7 @@ def bench_ops(n, sock, rounds=20):
     falls on all three alike."""
     x, y = torch.zeros(16), torch.ones(16)
     chunk = max(1, n // rounds)
+    measured = None
     ways = [("empty TorchDispatchMode", None)]
     # Passive (no daemon: ops reported, nothing recorded for recompute) and,
     # with a daemon, guided (the plan's triggers checked at each op).
@@ -67,7 +68,9 @@ def bench_ops(n, sock, rounds=20):
         mgr = capuchin.Manager(budget="100%", job="bench-ops", **kw)
         for _ in range(2 if "socket" in kw else 1):  # the probe (and the measured step)
             with mgr.step():
-                per_op_ns(chunk, x, y)
+                ts = per_op_ns(chunk, x, y)
+            if mgr.iterations[-1]["mode"] == "measured":
+                measured = ts  # (one step, outside the rounds)
         ways.append((label, mgr))
     samples = {label: [] for label, _ in ways}
     with Empty():
@@ -84,12 +87,17 @@ def bench_ops(n, sock, rounds=20):
         chunk * rounds, rounds))
     base = samples[ways[0][0]]
     bm, bp = statistics.median(base), pct(base, 99)
+    rows = []
     for label, mgr in ways:
-        ts = samples[label]
         if mgr is not None:
             modes = sorted(set(it["mode"] for it in mgr.iterations[-rounds:]))
-            label = "%s (%s)" % (label, ",".join(modes))
+            rows.append(("%s (%s)" % (label, ",".join(modes)), samples[label]))
             mgr.close()
+        else:
+            rows.append((label, samples[label]))
+    if measured:
+        rows.append(("capuchin step, measured (1 step)", measured))
+    for label, ts in rows:
         m, p = statistics.median(ts), pct(ts, 99)
         extra = "" if ts is base else "   adapter: median %5.2f us  p99 %6.2f us" % (
             (m - bm) / 1e3, (p - bp) / 1e3)
