@@ -40,6 +40,12 @@ class Ident:
         self.storages = []       # Storage records mapped to this id
 
 
+class _Ref(weakref.ref):
+    """A tracked tensor object: st, its storage's record."""
+
+    __slots__ = ("st",)
+
+
 class Storage:
     """One storage: its address, its id and the tensor objects on it."""
 
@@ -68,6 +74,7 @@ class Tensors:
                                 # reads at once, as .numpy() does)
         self.pending_frees = []  # ids whose last reference went
         self.on_free = on_free   # on_free(ident): forget adapter state of it
+        self._refs = {}          # id -> _Ref of each tracked object alive
 
     def lookup(self, t):
         dp = t.data_ptr()
@@ -94,11 +101,19 @@ class Tensors:
         if st.count == 0:
             st.ident.refs += 1
         st.count += 1
+        # A weak reference whose callback counts the object's death (half
+        # the cost of a weakref.finalize), kept alive until then.
+        r = _Ref(t, self._ref_dead)
+        r.st = st
+        self._refs[id(r)] = r
         if len(st.objs) < 4:
-            st.objs.append(weakref.ref(t))
+            st.objs.append(r)
         else:
-            st.objs = [r for r in st.objs if r() is not None] + [weakref.ref(t)]
-        weakref.finalize(t, self._obj_dead, st)
+            st.objs = [o for o in st.objs if o() is not None] + [r]
+
+    def _ref_dead(self, r):
+        del self._refs[id(r)]
+        self._obj_dead(r.st)
 
     def _obj_dead(self, st):
         st.count -= 1
@@ -114,9 +129,11 @@ class Tensors:
         if ident.refs == 0:
             self.pending_frees.append(ident)
 
-    def add(self, t, ident, buf=None):
-        """Map t's storage to ident (a new storage of a new or known id)."""
-        ptr = storage_base(t) if buf is None else buf.data_ptr()
+    def add(self, t, ident, buf=None, ptr=None):
+        """Map t's storage (at ptr, when the caller has it) to ident (a new
+        storage of a new or known id)."""
+        if ptr is None:
+            ptr = storage_base(t) if buf is None else buf.data_ptr()
         st = Storage(ptr, ident, buf)
         self.by_ptr[ptr] = st
         ident.storages.append(st)
@@ -225,22 +242,24 @@ if hasattr(torch.Tensor, "untyped_storage"):  # torch >= 2.0
         flat.set_(s, 0, (s.nbytes(),), (1,))
         return flat
 else:
+    # (t._storage(): the untyped storage, without the TypedStorage wrapper
+    # t.storage() builds in Python on every call)
     def storage_nbytes(t):
-        return t.storage().nbytes()
+        return t._storage().nbytes()
 
     def storage_key(t):
         """The storage object's identity, which a resize keeps."""
-        return t.storage()._cdata
+        return t._storage()._cdata
 
     def resize_storage(t, nbytes):
-        t.storage().resize_(nbytes // t.element_size())
+        t._storage().resize_(nbytes)
 
     def storage_resizable(t):
         # (no resizable() yet: a resize to its own size raises where the
         # storage cannot be resized, as after tensor.numpy())
-        s = t.storage()
+        s = t._storage()
         try:
-            s.resize_(s.size())
+            s.resize_(s.nbytes())
         except RuntimeError:
             return False
         return True

@@ -533,11 +533,12 @@ class Manager:
             self._live_bytes += nbytes
             if self._live_bytes > self._peak_bytes:
                 self._peak_bytes = self._live_bytes
-        else:
-            cid = self.client.adopt(nbytes, storage_base(t))
+        ptr = storage_base(t)
+        if not self._probe:
+            cid = self.client.adopt(nbytes, ptr)
             ident = Ident(cid, nbytes, False)
             self._idents[cid] = ident
-        self._tensors.add(t, ident)
+        self._tensors.add(t, ident, ptr=ptr)
         return ident.id
 
     # The per-op path: in a reported step the mode's handler is the client's
@@ -575,7 +576,8 @@ class Manager:
         t = self._tensors
         self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
                                 (t.pending_frees, t.give_up, self._saved.graveyard),
-                                torch.Tensor, frozenset([_DETACH]))
+                                self._flush_frees, t.give_up, torch.Tensor,
+                                frozenset([_DETACH]))
 
     def _torch_dispatch(self, func, types, args=(), kwargs=None):
         return self._dispatch(func, args, kwargs or {})

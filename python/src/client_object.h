@@ -57,7 +57,11 @@ typedef struct {
   PyObject *by_ptr;    /* the adapter's storage table, address -> Storage */
   PyObject *watch;     /* a tuple of the adapter's lists of work due
                           before the next op (frees to report, memory to
-                          let go): while one is non-empty, ops go slow */
+                          let go) */
+  PyObject *flush;     /* flush(): does that work */
+  PyObject *give_up;   /* one of them: weights released but not yet given
+                          up; an op that may use one goes to the slow path,
+                          which brings it back first */
   PyObject *tensor_type;
   PyObject *slow_funcs; /* ops that always take the slow path */
   PyObject *func_names; /* func -> interned name (bytes), None: slow */

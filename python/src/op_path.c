@@ -120,6 +120,8 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->stop);
   Py_CLEAR(self->by_ptr);
   Py_CLEAR(self->watch);
+  Py_CLEAR(self->flush);
+  Py_CLEAR(self->give_up);
   Py_CLEAR(self->tensor_type);
   Py_CLEAR(self->slow_funcs);
   Py_CLEAR(self->func_names);
@@ -327,6 +329,13 @@ static int in_ids(ClientObject *self, PyObject *args, uint32_t *n) {
   return 1;
 }
 
+static int work_due(ClientObject *self) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->watch); i++)
+    if (PyList_GET_SIZE(PyTuple_GET_ITEM(self->watch, i)))
+      return 1;
+  return 0;
+}
+
 static PyObject *slow_path(ClientObject *self, PyObject *func, PyObject *args,
                            PyObject *kwargs) {
   PyObject *kw = kwargs && kwargs != Py_None ? kwargs : NULL;
@@ -378,6 +387,15 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   }
   PyObject *func = a[0];
   PyObject *args = nargs > 2 ? a[2] : NULL;
+  /* Frees from the ops before (most ops free something) are reported
+   * first, as the Python path would, and the op stays on this path; an
+   * error there is the Python path's to raise. */
+  if (self->on && work_due(self)) {
+    PyObject *r = PyObject_CallNoArgs(self->flush);
+    if (!r)
+      PyErr_Clear();
+    Py_XDECREF(r);
+  }
   PyObject *kwargs = nargs > 3 ? a[3] : NULL;
   int plain = self->on && self->c && args && PyTuple_Check(args) &&
               (!kwargs || kwargs == Py_None ||
@@ -395,12 +413,11 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
     if (PyErr_Occurred()) /* a release callback raised and was reported */
       PyErr_Clear();
   }
-  /* After make_room: what it released (a weight whose swap-out ended is
-   * given up before the next op, and may be this op's input) is work for
-   * the slow path, which brings such a weight back first. */
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->watch); i++)
-    if (PyList_GET_SIZE(PyTuple_GET_ITEM(self->watch, i)))
-      return slow_path(self, func, args, kwargs);
+  /* Released weights (make_room may have released one, whose swap-out
+   * ended, and it may be this op's input) are for the slow path, which
+   * brings such a weight back first. */
+  if (PyList_GET_SIZE(self->give_up))
+    return slow_path(self, func, args, kwargs);
   uint32_t n_in = 0;
   if (!in_ids(self, args, &n_in))
     return slow_path(self, func, args, kwargs);
@@ -416,13 +433,15 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   return out;
 }
 
-/* set_op_path(slow, id_of, stop, by_ptr, watch, tensor_type, slow_funcs):
- * what dispatch needs of the adapter (see client_object.h). */
+/* set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up,
+ * tensor_type, slow_funcs): what dispatch needs of the adapter (see
+ * client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
-  PyObject *slow, *id_of, *stop, *by_ptr, *watch, *tt, *sf;
-  if (!PyArg_ParseTuple(args, "OOOO!O!O!O!", &slow, &id_of, &stop,
-                        &PyDict_Type, &by_ptr, &PyTuple_Type, &watch,
-                        &PyType_Type, &tt, &PyFrozenSet_Type, &sf))
+  PyObject *slow, *id_of, *stop, *by_ptr, *watch, *flush, *give_up, *tt, *sf;
+  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!", &slow, &id_of, &stop,
+                        &PyDict_Type, &by_ptr, &PyTuple_Type, &watch, &flush,
+                        &PyList_Type, &give_up, &PyType_Type, &tt,
+                        &PyFrozenSet_Type, &sf))
     return NULL;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
     if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
@@ -430,8 +449,9 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
       return NULL;
     }
   if (!PyCallable_Check(slow) || !PyCallable_Check(id_of) ||
-      !PyCallable_Check(stop)) {
-    PyErr_SetString(PyExc_TypeError, "slow, id_of and stop must be callables");
+      !PyCallable_Check(stop) || !PyCallable_Check(flush)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "slow, id_of, stop and flush must be callables");
     return NULL;
   }
   if (intern_strings() < 0)
@@ -439,7 +459,7 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, tt, sf};
+  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, flush, give_up, tt, sf};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
@@ -447,6 +467,8 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   Py_XSETREF(self->stop, stop);
   Py_XSETREF(self->by_ptr, by_ptr);
   Py_XSETREF(self->watch, watch);
+  Py_XSETREF(self->flush, flush);
+  Py_XSETREF(self->give_up, give_up);
   Py_XSETREF(self->tensor_type, tt);
   Py_XSETREF(self->slow_funcs, sf);
   Py_XSETREF(self->func_names, names);
@@ -468,7 +490,8 @@ PyMethodDef cap_py_op_path_methods[] = {
     {"op", (PyCFunction)(void (*)(void))Client_op, METH_FASTCALL,
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
-     "set_op_path(slow, id_of, stop, by_ptr, watch, tensor_type, slow_funcs)"},
+     "set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up, "
+     "tensor_type, slow_funcs)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},

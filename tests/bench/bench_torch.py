@@ -3,11 +3,12 @@
     PYTHONPATH=build/python /usr/bin/python3 tests/bench/bench_torch.py \
         [--capuchind build/bin/capuchind] [--model transformer] [--ops 20000]
 
-1. Per op: an op (a small in-place add) timed one by one under an empty
-   TorchDispatchMode and inside a capuchin step (the per-op path: the mode,
-   the storage ids, the op report, all in capuchin._client's dispatch),
-   in interleaved rounds. The adapter's cost is the difference, median and
-   p99.
+1. Per op: an op timed one by one under an empty TorchDispatchMode and
+   inside a capuchin step (the per-op path: the mode, the storage ids, the
+   op report, all in capuchin._client's dispatch), in interleaved rounds.
+   The adapter's cost is the difference, median and p99. Two ops: a small
+   in-place add, and an add whose result is a new storage that is freed at
+   once (adopting a storage and reporting its free are the Python path's).
 2. Per budget: the iteration time (median of the guided iterations) and the
    tracked peak of a test model (tests/python/torch_models.py) at 100, 50
    and 30 %, against the same training without Capuchin; evictions, of
@@ -36,11 +37,23 @@ class Empty(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def per_op_ns(n, x, y):
+def in_place(x, y):
+    x.add_(y)
+
+
+def new_storage(x, y):
+    return x + y  # freed at once: the next op reports the free
+
+
+OPS = ((in_place, "aten.add_ on 16 floats (in place)"),
+       (new_storage, "aten.add on 16 floats (a new storage, freed)"))
+
+
+def per_op_ns(n, x, y, op=in_place):
     ts = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
-        x.add_(y)
+        op(x, y)
         ts.append(time.perf_counter_ns() - t0)
     return ts
 
@@ -50,7 +63,7 @@ def pct(v, p):
     return v[min(len(v) - 1, int(p / 100.0 * len(v)))]
 
 
-def bench_ops(n, sock, rounds=20):
+def bench_ops(n, sock, op, what, rounds=20):
     """The three ways of running an op, in interleaved rounds (one step of
     each manager per round, each step the same ops, so that its guided
     steps follow the measured one) so that what else runs on the machine
@@ -65,26 +78,26 @@ def bench_ops(n, sock, rounds=20):
                       ("capuchin step, guided", dict(socket=sock, plan_wait_s=20))):
         if "socket" in kw and not sock:
             continue
-        mgr = capuchin.Manager(budget="100%", job="bench-ops", **kw)
+        mgr = capuchin.Manager(budget="100%", job="bench-ops-" + op.__name__, **kw)
         for _ in range(2 if "socket" in kw else 1):  # the probe (and the measured step)
             with mgr.step():
-                ts = per_op_ns(chunk, x, y)
+                ts = per_op_ns(chunk, x, y, op)
             if mgr.iterations[-1]["mode"] == "measured":
                 measured = ts  # (one step, outside the rounds)
         ways.append((label, mgr))
     samples = {label: [] for label, _ in ways}
     with Empty():
-        per_op_ns(chunk, x, y)  # warm up
+        per_op_ns(chunk, x, y, op)  # warm up
     for _ in range(rounds):
         for label, mgr in ways:
             if mgr is None:
                 with Empty():
-                    samples[label] += per_op_ns(chunk, x, y)
+                    samples[label] += per_op_ns(chunk, x, y, op)
             else:
                 with mgr.step():
-                    samples[label] += per_op_ns(chunk, x, y)
-    print("per op (%d ops of aten.add_ on 16 floats in %d rounds, this machine):" % (
-        chunk * rounds, rounds))
+                    samples[label] += per_op_ns(chunk, x, y, op)
+    print("per op (%d ops of %s in %d rounds, this machine):" % (
+        chunk * rounds, what, rounds))
     base = samples[ways[0][0]]
     bm, bp = statistics.median(base), pct(base, 99)
     rows = []
@@ -156,7 +169,8 @@ def main():
                 break
             time.sleep(0.05)
     try:
-        bench_ops(a.ops, sock)
+        for op, what in OPS:
+            bench_ops(a.ops, sock, op, what)
         if sock:
             bench_budgets(a.model, a.iters, sock, a.sim_gbps)
         else:
