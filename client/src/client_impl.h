@@ -417,6 +417,14 @@ struct cap_client {
   cap_framework_release_fn fw_release;
   void *fw_user;
   uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
+  /* Prefetches of framework-owned tensors waiting for the H2D copy engine
+   * (executor.c): the plan takes a tensor's memory when its copy starts,
+   * and copies in one direction run one at a time. */
+  uint32_t *pf_queue;
+  uint32_t n_pf, cap_pf;
+  uint32_t h2d_last;           /* tensor of the last H2D copy started, or
+                                  CAP_NONE */
+  bool pf_pumping;
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */
@@ -504,6 +512,9 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
                   void **in_ptrs, void **out_ptrs);
 int cap__op_end(cap_client_t *c);
 int cap__release_tensor(cap_client_t *c, uint32_t id);
+/* Start the queued prefetches the H2D copy engine has room for now (one at
+ * a time: the next once the last copy in has finished). */
+void cap__prefetch_pump(cap_client_t *c);
 
 /* retire.c: memory a copy still uses, released when its event completes;
  * a finished swap-out moves its tensor to HOST (a failed one back to the

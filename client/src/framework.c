@@ -115,15 +115,23 @@ int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev) {
 }
 
 bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes) {
+  /* No queued prefetch starts while room is made for this allocation: it
+   * would take what the waits free. */
+  bool pumping = c->pf_pumping;
+  c->pf_pumping = true;
+  bool fits = true;
   while (cap__dev_in_use(c->dev) + bytes > c->budget_bytes) {
     if (c->n_retire)
       cap__reap(c, false);
     if (cap__dev_in_use(c->dev) + bytes <= c->budget_bytes)
       break;
-    if (!cap__retire_wait_one(c))
-      return false;
+    if (!cap__retire_wait_one(c)) {
+      fits = false;
+      break;
+    }
   }
-  return true;
+  c->pf_pumping = pumping;
+  return fits;
 }
 
 /* The bytes the next op's outputs take: what the framework adopted for
@@ -157,7 +165,7 @@ cap_mode_t cap_client_mode(cap_client_t *c) {
 int cap_client_poll(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
-  if (c->n_retire)
+  if (c->n_retire || c->n_pf) /* (reaping starts queued prefetches) */
     cap__reap(c, false);
   return (int)c->n_retire;
 }

@@ -146,7 +146,10 @@ CAP_EXTERN bool cap_client_op_replayed(cap_client_t *c, uint32_t seq);
 CAP_EXTERN cap_mode_t cap_client_mode(cap_client_t *c);
 
 /* Collect the copies that have finished (calling release for the device
- * memory swap-outs no longer read). Returns the number still running.
+ * memory swap-outs no longer read), and start the prefetches that waited
+ * for the H2D copy engine (the plan takes a tensor's memory when its copy
+ * starts, and copies in run one at a time). Returns the number of
+ * swap-outs still running.
  * Op end and iteration begin/end do this too. */
 CAP_EXTERN int cap_client_poll(cap_client_t *c);
 

@@ -462,6 +462,69 @@ static void test_framework_persistent_evictable(void) {
     fw_drop(&f, f.live[0]);
 }
 
+/* Two prefetches triggered at the same access (c's first): the plan takes
+ * a tensor's memory when its copy starts, and copies in run one at a time,
+ * so the framework is asked for b's memory only once a's copy is done. */
+static void test_framework_prefetch_queue(void) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
+      "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":{\"tensor\":2,\"access\":1}},"
+      "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":{\"tensor\":2,\"access\":1}}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t id[4];
+    void *buf[4];
+    for (uint32_t k = 0; k < 3; k++) { /* a, b, c written */
+      REQUIRE((buf[k] = fw_new(&f, N)) != NULL);
+      memset(buf[k], (int)k + 1, N);
+      CHECK_EQ(cap_client_adopt(c, N, buf[k], &id[k]), 0);
+      CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &id[k], 1, 1000), 0);
+      if (k == 1) /* a and b are out by c's access */
+        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+          nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    CHECK_EQ(f.allocs, it == 1 ? 1u : 0u); /* a's copy in; b's waits */
+    for (int spin = 0; spin < 100000 && it == 1 && f.allocs < 2; spin++) {
+      cap_client_poll(c);
+      nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    CHECK_EQ(f.allocs, it == 1 ? 2u : 0u);
+    void *pa = NULL, *pb = NULL;
+    CHECK_EQ(cap_client_acquire(c, id[0], &pa), 0);
+    CHECK_EQ(cap_client_acquire(c, id[1], &pb), 0);
+    CHECK(pa && pb && ((uint8_t *)pa)[N - 1] == 1 && ((uint8_t *)pb)[0] == 2);
+    REQUIRE((buf[3] = fw_new(&f, N)) != NULL);
+    CHECK_EQ(cap_client_adopt(c, N, buf[3], &id[3]), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::add", id, 2, &id[3], 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t k = 0; k < 4; k++) {
+      void *q = cap_client_tensor_ptr(c, id[k]);
+      CHECK_EQ(cap_client_free(c, id[k]), 0);
+      fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    CHECK_EQ(st.bytes_in, it == 1 ? 2u * N : 0u);
+    f.allocs = f.releases = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
 static void test_framework_make_room(void) { budget_and_host_cap(false); }
 static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
 
@@ -474,6 +537,7 @@ int main(void) {
   RUN_TEST(test_framework_op_run_and_diverged);
   RUN_TEST(test_framework_make_room);
   RUN_TEST(test_framework_persistent_evictable);
+  RUN_TEST(test_framework_prefetch_queue);
   RUN_TEST(test_framework_host_pool_cap);
   return TEST_SUMMARY();
 }
