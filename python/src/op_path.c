@@ -349,14 +349,12 @@ static PyObject *slow_path(ClientObject *self, PyObject *func, PyObject *args,
   return r;
 }
 
-/* The op has run and returned out, but could not be reported: the step
- * stops reporting (capuchin._client.Error) and out is returned; any other
- * error propagates. */
-static PyObject *report_failed(ClientObject *self, PyObject *out) {
-  if (!PyErr_ExceptionMatches(CapError)) {
-    Py_DECREF(out);
-    return NULL;
-  }
+/* The client refused something (capuchin._client.Error is set): the step
+ * stops reporting, as the Python path's _dispatch does. 0, or -1 with an
+ * exception set (another error, which propagates). */
+static int stop_on_client_error(ClientObject *self) {
+  if (!PyErr_ExceptionMatches(CapError))
+    return -1;
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyObject *why = value ? PyObject_Str(value) : NULL;
@@ -365,11 +363,18 @@ static PyObject *report_failed(ClientObject *self, PyObject *out) {
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
-  if (!r) {
+  if (!r)
+    return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+/* The op has run and returned out, but could not be reported. */
+static PyObject *report_failed(ClientObject *self, PyObject *out) {
+  if (stop_on_client_error(self) < 0) {
     Py_DECREF(out);
     return NULL;
   }
-  Py_DECREF(r);
   return out;
 }
 
@@ -387,16 +392,20 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   }
   PyObject *func = a[0];
   PyObject *args = nargs > 2 ? a[2] : NULL;
+  PyObject *kwargs = nargs > 3 ? a[3] : NULL;
   /* Frees from the ops before (most ops free something) are reported
-   * first, as the Python path would, and the op stays on this path; an
-   * error there is the Python path's to raise. */
+   * first, as the Python path would, and the op stays on this path. If
+   * the client refuses one, the step stops reporting and the op runs
+   * unreported (the slow path sees it stopped). */
   if (self->on && work_due(self)) {
     PyObject *r = PyObject_CallNoArgs(self->flush);
-    if (!r)
-      PyErr_Clear();
-    Py_XDECREF(r);
+    if (!r) {
+      if (stop_on_client_error(self) < 0)
+        return NULL;
+      return slow_path(self, func, args ? args : empty_args, kwargs);
+    }
+    Py_DECREF(r);
   }
-  PyObject *kwargs = nargs > 3 ? a[3] : NULL;
   int plain = self->on && self->c && args && PyTuple_Check(args) &&
               (!kwargs || kwargs == Py_None ||
                (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0));
