@@ -92,6 +92,7 @@ int cap_client_create(const cap_client_config_t *cfg_in, cap_client_t **out) {
   cap_client_t *c = calloc(1, sizeof *c);
   if (!c)
     return CAP_ENOMEM;
+  c->h2d_last = CAP_NONE;
   int rc = cap_client_socket_path(&cfg, c->socket_path, sizeof c->socket_path);
   if (rc < 0)
     goto out_free;
@@ -172,6 +173,7 @@ void cap_client_destroy(cap_client_t *c) {
     cap__release_tensor(c, i);
   cap__reap(c, true);
   free(c->retire);
+  free(c->pf_queue);
   cap__x_clear(c);
   cap_plan_destroy(c->pending_plan);
   free(c->pending_fb);
@@ -412,6 +414,8 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->it.peak_bytes = cap__dev_in_use(c->dev);
   c->in_iter = true;
   c->iter_start_ns = cap__now_ns(c->dev);
+  c->adopted_since_op = 0;
+  c->n_pf = 0; /* what did not start is fetched at its access */
   return 0;
 }
 

@@ -239,6 +239,8 @@ typedef struct cap__tensor {
   uint8_t pinned;      /* used by the op being begun: not evictable */
   uint8_t framework;   /* its device memory is the framework's (model 2,
                           tensor_mem.c), not the client's allocator's */
+  uint8_t evictable;   /* persistent and the framework's: it can give the
+                          memory up (cap_client_set_evictable) */
   uint32_t n_access;   /* accesses so far this iteration */
   uint32_t out_action; /* action of the eviction in force, CAP_NONE passive */
   uint32_t back_access;/* access that brings it back (feedback) */
@@ -285,6 +287,9 @@ typedef struct cap__xplan {
   uint32_t *trig;         /* action indices */
   uint8_t *fallback;      /* per action: carried out as swap (recompute
                              failed or unavailable) */
+  uint8_t *replays;       /* per op seq: 1 when a recompute list carried
+                             out (no fallback) replays that op */
+  uint32_t n_replays;     /* op seqs covered by replays */
   uint32_t n_refused;     /* actions the install-time walk refused */
   char note[256];         /* the first of them and why */
   /* Placement: the plan's blocks found by (tensor, kind, action), an open
@@ -332,6 +337,9 @@ typedef struct cap__oplog_op {
   const char *name;
   uint32_t off;  /* ids: log->ids[off .. off + n_in + n_out) */
   uint32_t n_in, n_out;
+  uint64_t adopted_bytes; /* model 2: bytes the framework adopted since the
+                             op before (the outputs it allocated as this op
+                             ran, before reporting it) */
 } cap__oplog_op_t;
 
 /* A free between ops: tensor freed before op `before` began. */
@@ -432,6 +440,15 @@ struct cap_client {
   cap_framework_alloc_fn fw_alloc;
   cap_framework_release_fn fw_release;
   void *fw_user;
+  uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
+  /* Prefetches of framework-owned tensors waiting for the H2D copy engine
+   * (executor.c): the plan takes a tensor's memory when its copy starts,
+   * and copies in one direction run one at a time. */
+  uint32_t *pf_queue;
+  uint32_t n_pf, cap_pf;
+  uint32_t h2d_last;           /* tensor of the last H2D copy started, or
+                                  CAP_NONE */
+  bool pf_pumping;
   /* Evictions that failed this job: every plan version installed later
    * carries them out as swaps (fallback). failed[0 .. n_failed_sent) have
    * been handed to the reporter. */
@@ -519,6 +536,9 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
                   void **in_ptrs, void **out_ptrs);
 int cap__op_end(cap_client_t *c);
 int cap__release_tensor(cap_client_t *c, uint32_t id);
+/* Start the queued prefetches the H2D copy engine has room for now (one at
+ * a time: the next once the last copy in has finished). */
+void cap__prefetch_pump(cap_client_t *c);
 
 /* retire.c: memory a copy still uses, released when its event completes;
  * a finished swap-out moves its tensor to HOST (a failed one back to the
@@ -560,6 +580,12 @@ int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
 int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                        uint32_t action, void **p, bool may_evict);
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
+
+/* framework.c: wait for swap-outs in flight, oldest first, until `bytes`
+ * more fit the budget (each wait a budget wait); false when they do not and
+ * no swap-out is left to wait for. Model 2's way to keep to the budget: the
+ * framework allocates, so the client can only make room before it does. */
+bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
  * room), or into device memory dev already allocated for it (freed if the

@@ -11,6 +11,49 @@
 
 #include "client_impl.h"
 
+/* Whether an H2D copy is still running. */
+static bool h2d_busy(cap_client_t *c) {
+  if (c->h2d_last == CAP_NONE || c->h2d_last >= c->n_tensors)
+    return false;
+  const cap__tensor_t *t = &c->tensors[c->h2d_last];
+  return t->state == CAP__T_IN && t->ev && cap__ev_query(c->dev, t->ev) == 0;
+}
+
+/* A framework-owned tensor's prefetch waits for the copy engine: the plan
+ * takes its memory when its copy starts, after the copies in before it,
+ * and the framework allocates the ops' outputs regardless of the budget,
+ * so memory taken earlier than planned would push them past it. (The
+ * client's own allocator refuses what does not fit and makes room for an
+ * op's outputs, so its tensors' prefetches start at once.) */
+static void queue_prefetch(cap_client_t *c, uint32_t id) {
+  if (c->n_pf == c->cap_pf) {
+    uint32_t n = c->cap_pf ? 2 * c->cap_pf : 64;
+    uint32_t *q = realloc(c->pf_queue, (size_t)n * sizeof *q);
+    if (!q)
+      return; /* brought back on demand at its back-access instead */
+    c->pf_queue = q;
+    c->cap_pf = n;
+  }
+  c->pf_queue[c->n_pf++] = id;
+}
+
+void cap__prefetch_pump(cap_client_t *c) {
+  if (c->pf_pumping)
+    return; /* (swap_in_start reaps, which pumps) */
+  c->pf_pumping = true;
+  uint32_t done = 0;
+  while (done < c->n_pf && !h2d_busy(c)) {
+    uint32_t id = c->pf_queue[done++];
+    const cap__tensor_t *t = &c->tensors[id];
+    /* Still out and still due (its back-access may have fetched it). */
+    if (t->state == CAP__T_HOST && t->prefetch_due)
+      (void)cap__swap_in_start(c, id, false);
+  }
+  memmove(c->pf_queue, c->pf_queue + done, (c->n_pf - done) * sizeof *c->pf_queue);
+  c->n_pf -= done;
+  c->pf_pumping = false;
+}
+
 static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
   for (uint32_t i = 0; i < s->n_trig; i++) {
     uint32_t ai = c->x.trig[s->trig_off + i];
@@ -32,7 +75,10 @@ static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
       continue;
     /* A prefetch never evicts others: if it does not fit now it becomes an
      * on-demand copy at the back-access. */
-    (void)cap__swap_in_start(c, a->tensor, false);
+    if (u->framework && (c->n_pf || h2d_busy(c)))
+      queue_prefetch(c, a->tensor);
+    else
+      (void)cap__swap_in_start(c, a->tensor, false);
   }
 }
 
@@ -178,15 +224,15 @@ int cap__op_end(cap_client_t *c) {
       continue;
     uint32_t ai = s->evict;
     const cap_action_t *a = &c->x.plan->actions[ai];
-    if (t->framework && t->persistent) {
-      /* The framework cannot give up a weight's memory (framework.h):
-       * kept on the device, carried out as a fallback. */
+    if (t->framework && t->persistent && !t->evictable) {
+      /* The framework cannot give up this weight's memory (framework.h,
+       * cap_client_set_evictable): kept on the device, a fallback. */
       c->it.fallbacks++;
       atomic_fetch_add(&c->ctr.fallbacks, 1);
       if (!c->it.plan_note[0])
         snprintf(c->it.plan_note, sizeof c->it.plan_note,
-                 "action %u evicts persistent tensor %u, which the framework "
-                 "owns: kept on the device", ai, id);
+                 "action %u evicts persistent tensor %u, whose memory the "
+                 "framework cannot give up: kept on the device", ai, id);
       continue;
     }
     if (a->method == CAP_METHOD_RECOMPUTE && !c->x.fallback[ai]) {
@@ -213,7 +259,7 @@ int cap__op_end(cap_client_t *c) {
       }
     }
   }
-  if (c->n_retire)
+  if (c->n_retire || c->n_pf) /* (reaping starts queued prefetches) */
     cap__reap(c, false);
   return 0;
 }

@@ -20,6 +20,14 @@ int cap_client_set_framework_memory(cap_client_t *c,
   return 0;
 }
 
+int cap_client_set_evictable(cap_client_t *c, uint32_t id, bool yes) {
+  if (!c || id >= c->n_tensors || !c->tensors[id].persistent ||
+      !c->tensors[id].framework)
+    return CAP_EINVAL;
+  c->tensors[id].evictable = yes;
+  return 0;
+}
+
 /* The tensor is on the device at the framework's dev. */
 static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   cap__tensor_t *t = &c->tensors[id];
@@ -29,6 +37,8 @@ static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   t->lru = ++c->tick;
   cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
   cap__note_peak(c);
+  if (!t->persistent)
+    c->adopted_since_op += t->bytes;
 }
 
 int cap_client_adopt(cap_client_t *c, uint64_t bytes, void *dev,
@@ -104,18 +114,48 @@ int cap_client_acquire(cap_client_t *c, uint32_t id, void **dev) {
   return 0;
 }
 
+bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes) {
+  /* No queued prefetch starts while room is made for this allocation: it
+   * would take what the waits free. */
+  bool pumping = c->pf_pumping;
+  c->pf_pumping = true;
+  bool fits = true;
+  while (cap__dev_in_use(c->dev) + bytes > c->budget_bytes) {
+    if (c->n_retire)
+      cap__reap(c, false);
+    if (cap__dev_in_use(c->dev) + bytes <= c->budget_bytes)
+      break;
+    if (!cap__retire_wait_one(c)) {
+      fits = false;
+      break;
+    }
+  }
+  c->pf_pumping = pumping;
+  return fits;
+}
+
+/* The bytes the next op's outputs take: what the framework adopted for
+ * them in the last complete iteration. A guided iteration follows that op
+ * sequence (the framework says when it stops: cap_client_diverged), and
+ * the plan placed the outputs at the op's start, beside its prefetches;
+ * the framework allocates them while the op runs, before it reports it,
+ * so the room must be made now. */
+static uint64_t next_op_bytes(const cap_client_t *c) {
+  if (c->mode != CAP_MODE_GUIDED || !c->log_last_valid ||
+      c->op_seq >= c->log_last.n_ops)
+    return 0;
+  return c->log_last.ops[c->op_seq].adopted_bytes;
+}
+
 int cap_client_make_room(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
-  while (cap__dev_in_use(c->dev) > c->budget_bytes) {
-    if (c->n_retire)
-      cap__reap(c, false);
-    if (cap__dev_in_use(c->dev) <= c->budget_bytes)
-      break;
-    if (!cap__retire_wait_one(c))
-      return 0;
-  }
-  return 1;
+  return cap__fw_wait_room(c, next_op_bytes(c)) ? 1 : 0;
+}
+
+bool cap_client_op_replayed(cap_client_t *c, uint32_t seq) {
+  return c && c->x.plan && c->mode == CAP_MODE_GUIDED && seq < c->x.n_replays &&
+         c->x.replays[seq];
 }
 
 cap_mode_t cap_client_mode(cap_client_t *c) {
@@ -125,7 +165,7 @@ cap_mode_t cap_client_mode(cap_client_t *c) {
 int cap_client_poll(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
-  if (c->n_retire)
+  if (c->n_retire || c->n_pf) /* (reaping starts queued prefetches) */
     cap__reap(c, false);
   return (int)c->n_retire;
 }
@@ -144,6 +184,9 @@ int cap_client_op_run(cap_client_t *c, const char *name, const uint32_t *in,
   int rc = cap_client_op_begin(c, name, in, n_in, out, n_out, NULL, NULL);
   if (rc < 0)
     return rc;
+  if (!c->log_failed && c->log_cur.n_ops)
+    c->log_cur.ops[c->log_cur.n_ops - 1].adopted_bytes = c->adopted_since_op;
+  c->adopted_since_op = 0;
   /* The op ran before it was reported; it cannot have started before the
    * iteration did. */
   int64_t start = cap__now_ns(c->dev) - duration_ns;

@@ -34,6 +34,7 @@ int cap__oplog_add(cap__oplog_t *l, const char *name, const uint32_t *in,
   op->off = l->n_ids;
   op->n_in = n_in;
   op->n_out = n_out;
+  op->adopted_bytes = 0;
   if (n_in)
     memcpy(l->ids + l->n_ids, in, n_in * sizeof *in);
   if (n_out)

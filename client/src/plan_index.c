@@ -17,6 +17,7 @@ void cap__x_clear(cap_client_t *c) {
   free(x->slots);
   free(x->trig);
   free(x->fallback);
+  free(x->replays);
   free(x->block_of);
   memset(x, 0, sizeof *x);
 }
@@ -38,6 +39,29 @@ static bool recompute_usable(cap_client_t *c, const cap_plan_t *p,
     if (outs[i] == a->tensor)
       return true;
   return false;
+}
+
+/* Which ops the recompute lists that will run replay: a framework that
+ * must record an op's arguments to replay it records only those
+ * (cap_client_op_replayed). */
+static int mark_replays(const cap_plan_t *plan, cap__xplan_t *x) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < plan->n_recompute_ops; i++)
+    if (plan->recompute_ops[i] >= n)
+      n = plan->recompute_ops[i] + 1;
+  x->replays = calloc(n ? n : 1, 1);
+  if (!x->replays)
+    return CAP_ENOMEM;
+  x->n_replays = n;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method != CAP_METHOD_RECOMPUTE || x->fallback[i])
+      continue;
+    const uint32_t *ops = cap_action_recompute_ops(plan, a);
+    for (uint32_t k = 0; k < a->n_recompute; k++)
+      x->replays[ops[k]] = 1;
+  }
+  return 0;
 }
 
 /* The plan walked over the last iteration's log (docs/plan-semantics.md,
@@ -133,6 +157,8 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   if (c->log_last_valid && (rc = check_against_log(c, plan, &x)) < 0)
     goto out;
   rc = CAP_ENOMEM;
+  if (mark_replays(plan, &x) < 0)
+    goto out;
   uint64_t total = 0;
   for (uint32_t t = 0; t < nt; t++) {
     x.slot_off[t] = (uint32_t)total;
@@ -189,6 +215,7 @@ out:
   free(x.slots);
   free(x.trig);
   free(x.fallback);
+  free(x.replays);
   free(x.block_of);
   cap_plan_destroy(plan);
   return rc;

@@ -29,6 +29,7 @@ int cap__swap_in_to(cap_client_t *c, uint32_t id, void *dev) {
   t->dev = dev;
   t->ev = ev;
   t->state = CAP__T_IN;
+  c->h2d_last = id;
   t->in_start_ns = cap__now_ns(c->dev);
   double gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1.0;
   t->in_est_end_ns = t->in_start_ns + (int64_t)((double)t->bytes / gbps);

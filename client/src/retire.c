@@ -81,6 +81,8 @@ void cap__reap(cap_client_t *c, bool wait_all) {
     }
   }
   c->n_retire = j;
+  if (c->n_pf && !wait_all)
+    cap__prefetch_pump(c);
 }
 
 cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor) {

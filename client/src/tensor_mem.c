@@ -38,12 +38,17 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
     }
     return cap__alloc_for(c, bytes, p, may_evict);
   }
-  /* A prefetch (may_evict false) keeps to the budget; the access itself
-   * cannot wait for memory the framework would have to give up. */
+  /* A prefetch (may_evict false) keeps to the budget or waits for its
+   * access. The access itself cannot evict what the framework holds, but it
+   * can wait for the swap-outs in flight to give their memory back (an
+   * unpack whose prefetch found no room, a recompute's outputs); past that
+   * it allocates regardless rather than fail the op. */
   if (!may_evict && !cap__dev_budget_has_room(c->dev, bytes)) {
     cap__reap(c, false);
     if (!cap__dev_budget_has_room(c->dev, bytes))
       return CAP_EBUDGET;
+  } else if (may_evict) {
+    (void)cap__fw_wait_room(c, bytes);
   }
   void *dev = NULL;
   int rc = c->fw_alloc(c->fw_user, id, bytes, &dev);

@@ -11,9 +11,15 @@ client copies into it (or recompute fills it). unpack asks the client for
 the id (cap_client_acquire: waits for the copy in compute-stream order, or
 recomputes) and returns the saved view rebuilt on that buffer.
 
-CAPUCHIN_VERIFY=1: every storage released while a handle held it is hashed,
-and the buffer it comes back in is hashed again at unpack; a mismatch is
-counted and raised (never returned).
+Weights and optimizer state that a plan evicts (persistent storages) go
+the same way, but their memory is given up by resizing the storage to 0
+(_tensors.py) and taken back by resizing it again; the adapter brings one
+back (restore_weight) before any op that uses it and at every step's end.
+
+CAPUCHIN_VERIFY=1: every storage released while a handle held it (or a
+weight's) is hashed, and the buffer it comes back in is hashed again at
+unpack (at a weight's restore); a mismatch is counted and raised (never
+returned).
 """
 import contextlib
 import weakref
@@ -47,9 +53,10 @@ class _Handle:
 
 
 def _hash(t):
+    # A copy: numpy() of the storage itself would mark it not resizable
+    # for good, and a weight's must stay resizable to be given up.
     b = bytes_of(t)
-    if b.device.type != "cpu":
-        b = b.cpu()
+    b = b.cpu() if b.device.type != "cpu" else b.clone()
     return zlib.crc32(b.numpy().tobytes())
 
 
@@ -58,6 +65,7 @@ class SavedTensors:
         self.m = mgr
         self.handles = {}      # id -> [weakref(_Handle)]
         self.graveyard = []    # storages a copy of the client may still use
+        self.weight_hash = {}  # id -> hash of a weight the client released
         self.mismatches = 0
         self.active = False
 
@@ -90,7 +98,7 @@ class SavedTensors:
     def reap(self):
         """Let the graveyard go once the client has no copy in flight."""
         if self.graveyard and (self.m.client is None or self.m.client.poll() == 0):
-            self.graveyard = []
+            del self.graveyard[:]  # in place: the client's op path watches it
 
     # --- hooks ------------------------------------------------------------
     def pack(self, t):
@@ -142,6 +150,8 @@ class SavedTensors:
     def alloc(self, tid, nbytes):
         m = self.m
         ident = m._idents.get(tid)
+        if ident is not None and ident.persistent:
+            return m._tensors.restore_weight(ident)
         if ident is None:
             # A recompute list's temporary: an output of a replayed op whose
             # tensor is no longer live. Released when the list ends.
@@ -158,6 +168,17 @@ class SavedTensors:
     def release(self, tid, addr, nbytes):
         m = self.m
         st = m._tensors.by_ptr.get(addr)
+        if st is not None and st.ident.persistent:
+            # A weight: its storage is resized to 0 before the next op.
+            if m.verify:
+                prev = m._internal
+                m._internal = True
+                try:
+                    self.weight_hash[tid] = _hash(m._tensors.tensor_of(st))
+                finally:
+                    m._internal = prev
+            m._tensors.give_up.append(st)
+            return
         if st is not None and st.buf is not None:
             # A buffer the adapter gave the client: no longer the client's.
             st.buf = None
@@ -174,6 +195,25 @@ class SavedTensors:
                 if m.verify:
                     h.hash = _hash(h.t)
                 h.t = None
+        finally:
+            m._internal = prev
+
+    def restore_weight(self, tid):
+        """Bring weight tid back (its copy in waited for), checked."""
+        m = self.m
+        prev = m._internal
+        m._internal = True
+        try:
+            m.client.acquire(tid)
+            want = self.weight_hash.pop(tid, None)
+            if want is not None:
+                ident = m._idents[tid]
+                t = next((m._tensors.tensor_of(st) for st in ident.storages
+                          if m._tensors.by_ptr.get(st.ptr) is st), None)
+                if t is None or _hash(t) != want:
+                    self.mismatches += 1
+                    raise RuntimeError("capuchin: CAPUCHIN_VERIFY: weight %d came "
+                                       "back with other contents" % tid)
         finally:
             m._internal = prev
 

@@ -40,7 +40,8 @@ except ImportError:  # pragma: no cover - torch < 1.13
 
 from . import _client
 from ._saved import SavedTensors
-from ._tensors import Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes, view_on
+from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
+                       storage_resizable, view_on)
 
 _RNG_WORDS = ("bernoulli", "dropout", "rand", "normal", "uniform", "exponential",
               "multinomial", "poisson", "geometric", "cauchy", "log_normal")
@@ -116,17 +117,6 @@ class _Op:
         self.rng = rng            # RNG state the op ran with, or None
 
 
-class _Sig:
-    """What a step that cannot recompute keeps of an op: its signature."""
-
-    __slots__ = ("name", "in_ids", "out_ids")
-
-    def __init__(self, name, in_ids, out_ids):
-        self.name = name
-        self.in_ids = in_ids
-        self.out_ids = out_ids
-
-
 class _Ph:
     """A tensor argument of a recorded op: its id and its view."""
 
@@ -139,12 +129,13 @@ class _Ph:
 
 if TorchDispatchMode is not None:
     class _Mode(TorchDispatchMode):
-        def __init__(self, mgr):
-            super().__init__()
-            self.mgr = mgr
+        """handler(func, types, args=(), kwargs=None) gets every op: in a
+        reported step the client's own dispatch (C, op_path.c: one call per
+        op), in the probe Manager._torch_dispatch."""
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return self.mgr._dispatch(func, args, kwargs or {})
+        def __init__(self, handler):
+            super().__init__()
+            self.__torch_dispatch__ = handler
 
 
 class Manager:
@@ -152,10 +143,18 @@ class Manager:
 
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
-                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0):
+                 host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0,
+                 evict_persistent=True):
         if TorchDispatchMode is None:
             raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
         self.budget_spec = parse_budget(budget)
+        # Plans may evict weights and optimizer state (the daemon plans so
+        # when nothing else fits, --evict-persistent auto): their storages
+        # are resized to 0 after the copy out and back before any op uses
+        # them. False keeps them on the device (such actions fall back).
+        self.evict_persistent = evict_persistent
+        self._weights = set()       # client ids of the persistent storages
+        self._weights_out = 0       # weights given up this step
         self.job = job
         self.socket = socket
         self.no_daemon = no_daemon
@@ -182,18 +181,17 @@ class Manager:
         self.device = None
         self._step_no = 0
         self._in_step = False
-        self._internal = False      # the adapter's own tensor ops: not reported
+        self._internal_ = False     # the adapter's own tensor ops: not reported
         self._probe = False
         self._tensors = Tensors(None)
         self._idents = {}           # client id -> Ident
-        self._ops = []              # _Op of this iteration, by seq
-        self._plan_sig = []         # (name, in_ids, out_ids) of each op of the
-                                    # measured step, which the plan is for
-        self._diverged_run = 0      # guided steps in a row that left it
+        self._ops = {}              # seq -> _Op of this iteration (the ops
+                                    # a recompute list may replay)
+        self._diverged_run = 0      # guided steps in a row that left the
+                                    # plan's op sequence
         self.remeasured = 0         # times the job was measured again
         self._guided = False
         self._mode = "probe"
-        self._diverged = False
         self._live_bytes = 0
         self._peak_bytes = 0
         self._saved = SavedTensors(self)
@@ -218,7 +216,7 @@ class Manager:
             # Saved-tensor hooks in every reported step, guided or not: with
             # hooks autograd saves a tensor without the detach it makes
             # otherwise, and the op sequences must match.
-            with _Mode(self):
+            with _Mode(self._torch_dispatch if self._probe else self.client.dispatch):
                 if not self._probe:
                     with self._saved.hooks():
                         yield self
@@ -231,7 +229,7 @@ class Manager:
     def report(self):
         """The per-iteration table."""
         cols = ("iter", "mode", "time_ms", "peak_MiB", "budget_MiB", "out_MiB",
-                "in_MiB", "evict", "recomp", "stalls", "fallb", "verify_bad", "note")
+                "in_MiB", "evict", "w_out", "recomp", "stalls", "fallb", "verify_bad", "note")
         rows = [cols]
         for it in self.iterations:
             rows.append((str(it["iteration"]), it["mode"],
@@ -240,7 +238,8 @@ class Manager:
                          "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
                          "%.2f" % (it.get("bytes_out", 0) / 2**20),
                          "%.2f" % (it.get("bytes_in", 0) / 2**20),
-                         str(it.get("evictions", 0)), str(it.get("recomputed_ops", 0)),
+                         str(it.get("evictions", 0)), str(it.get("weights_out", 0)),
+                         str(it.get("recomputed_ops", 0)),
                          str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
                          str(it.get("verify_mismatches", 0)), it.get("note", "")))
         w = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
@@ -273,9 +272,9 @@ class Manager:
         self._step_no += 1
         self._in_step = True
         self._probe = self._step_no == 1
-        self._ops = []
-        self._diverged = False
+        self._ops = {}
         self._stopped = False
+        self._weights_out = 0
         self._saved.begin()
         self._t0 = time.perf_counter_ns()
         if self._probe:
@@ -292,9 +291,11 @@ class Manager:
         self._flush_frees()
         self._mode = self.client.begin()
         self._guided = self._mode == "guided"
+        self._sync_op_path()
 
     def _end(self, ok):
         self._in_step = False
+        self._sync_op_path()
         self._saved.end()
         if self._probe:
             self._flush_frees()
@@ -303,6 +304,9 @@ class Manager:
                                         time_ns=time.perf_counter_ns() - self._t0,
                                         peak_bytes=self._peak_bytes))
             return
+        # Between steps every weight is on the device: the caller may read
+        # or save it.
+        self._bring_back(self._weights)
         if self._stopped:
             self._flush_frees()
             self._disown_survivors()
@@ -318,23 +322,24 @@ class Manager:
         st["verify_mismatches"] = self._saved.take_mismatches()
         notes = [n for n in (st.get("plan_note"), st.get("first_error")) if n]
         if self._diverged:
-            notes.insert(0, "diverged from the plan's iteration at op %d" % self._diverged_at)
+            notes.insert(0, "diverged from the plan's iteration at op %d" %
+                         self.client.diverged_at)
         s = self.client.stats()
         if s.get("daemon_message"):
             notes.append(s["daemon_message"])
         st["note"] = "; ".join(notes)
-        if "which the framework owns" in st["note"]:
-            self.warn_once("persistent", "the plan evicts weights or optimizer state, "
-                           "which stay on the device (run capuchind with "
-                           "--evict-persistent no for plans without)")
+        if "framework cannot give up" in st["note"]:
+            self.warn_once("persistent", "the plan evicts weights or optimizer state "
+                           "that stay on the device (evict_persistent=False, or a "
+                           "storage NumPy shares; capuchind --evict-persistent no "
+                           "plans without)")
         if "host pool cap" in st["note"]:
             self.warn_once("hostcap", "the pinned host pool's cap (%d bytes) was reached: "
                            "tensors it could not take stayed on the device" % self.host_pool_cap)
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
+        st["weights_out"] = self._weights_out
         self.iterations.append(st)
-        if st["mode"] == "measured":
-            self._plan_sig = [(o.name, o.in_ids, o.out_ids) for o in self._ops]
         if self._guided:
             self._diverged_run = self._diverged_run + 1 if self._diverged else 0
         if st["mode"] == "measured" and self.plan_wait_s > 0:
@@ -347,7 +352,7 @@ class Manager:
             backend = "cuda"
             stream = torch.cuda.current_stream(self.device).cuda_stream
         try:
-            return _client.Client(
+            client = _client.Client(
                 job=self.job, budget=self.budget_bytes, socket=self.socket,
                 no_daemon=self.no_daemon, backend=backend,
                 connect_timeout_ms=self.connect_timeout_ms,
@@ -355,6 +360,7 @@ class Manager:
                 release=self._saved.release, recompute=self._recompute,
                 compute_stream=stream, sim_gbps=self.sim_gbps,
                 host_pool_cap=self.host_pool_cap)
+            return client
         except _client.Error as e:
             self._off = True
             self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
@@ -366,21 +372,37 @@ class Manager:
         next step, and the daemon plans that."""
         self._flush_frees()
         self.client.close()
-        self._saved.graveyard = []
+        del self._saved.graveyard[:]
         persistent = {id(i): i for i in self._idents.values() if i.persistent}
         self._idents = {}
+        self._weights = set()
         self.client = self._new_client()
         if self.client is None:
             return
         for ident in persistent.values():
             live = [st for st in ident.storages if st.count > 0]
-            if not live:
+            t = self._tensors.tensor_of(live[0]) if live else None
+            if t is None:
                 continue
-            ident.id = self.client.adopt_persistent(ident.nbytes, live[0].ptr)
+            ident.id = self._adopt_weight(ident.nbytes, t)
+            self._tensors.moved(live[0], t)
             self._idents[ident.id] = ident
-        self._plan_sig = []
+        self._attach()
         self._diverged_run = 0
         self.remeasured += 1
+
+    def _adopt_weight(self, nbytes, t):
+        """t's storage becomes a persistent tensor of the client: its id.
+        Plans may evict it where the adapter can give its memory up (not a
+        storage NumPy shares: PyTorch refuses to resize that one)."""
+        # (torch 1.13 can only tell by resizing, which moves the storage:
+        # before the client is told where it is)
+        evictable = self.evict_persistent and storage_resizable(t)
+        cid = self.client.adopt_persistent(nbytes, storage_base(t))
+        self._weights.add(cid)
+        if evictable:
+            self.client.set_evictable(cid, True)
+        return cid
 
     def _end_probe(self):
         """Turn the probe into the budget and the client's persistent tensors."""
@@ -426,20 +448,39 @@ class Manager:
             objs = [(st, t) for st, t in objs if t is not None]
             if not objs:
                 continue
-            cid = self.client.adopt_persistent(ident.nbytes, objs[0][0].ptr)
+            cid = self._adopt_weight(ident.nbytes, objs[0][1])
             new = Ident(cid, ident.nbytes, True)
             self._idents[cid] = new
             for st, t in objs:
                 table.add(t, new)
         self._tensors = table
+        self._attach()
 
     # --- ops --------------------------------------------------------------
     def _flush_frees(self):
+        """The work due between ops: weights the client released are
+        resized to 0, buffers no copy uses any more go, frees are reported."""
+        give = self._tensors.give_up
+        if give:
+            sts = list(give)
+            del give[:]  # in place: the op path watches it
+            for st in sts:
+                if self._tensors.release_weight(st):
+                    self._weights_out += 1
+                else:
+                    # Its bytes never left: the client copies them back at
+                    # once, before an op can change them, and plans no
+                    # longer take it out.
+                    self.client.set_evictable(st.ident.id, False)
+                    self._saved.restore_weight(st.ident.id)
+                    self.warn_once("resizable", "a weight's storage became "
+                                   "shared with NumPy: it stays on the device")
         self._saved.reap()
         pend = self._tensors.pending_frees
         if not pend:
             return
-        self._tensors.pending_frees = []
+        pend = list(pend)
+        del self._tensors.pending_frees[:]  # in place: the op path watches it
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
@@ -492,12 +533,54 @@ class Manager:
             self._live_bytes += nbytes
             if self._live_bytes > self._peak_bytes:
                 self._peak_bytes = self._live_bytes
-        else:
-            cid = self.client.adopt(nbytes, storage_base(t))
+        ptr = storage_base(t)
+        if not self._probe:
+            cid = self.client.adopt(nbytes, ptr)
             ident = Ident(cid, nbytes, False)
             self._idents[cid] = ident
-        self._tensors.add(t, ident)
+        self._tensors.add(t, ident, ptr=ptr)
         return ident.id
+
+    # The per-op path: in a reported step the mode's handler is the client's
+    # dispatch (C, python/src/op_path.c), which reports an ordinary op
+    # itself and hands every other one to _dispatch; the probe has no client
+    # and comes here directly.
+    @property
+    def _internal(self):
+        return self._internal_
+
+    @_internal.setter
+    def _internal(self, v):
+        self._internal_ = v
+        self._sync_op_path()
+
+    @property
+    def _diverged(self):
+        """This guided step left the plan's op sequence (the client saw it)."""
+        return self.client is not None and self.client.diverged_at >= 0
+
+    def _sync_op_path(self):
+        """Whether the client's dispatch may handle ops itself: in a
+        reported step that is still reporting, outside the adapter's own
+        ops, and not while a measured step on a GPU times each op between
+        two synchronisations (the Python path does that)."""
+        if self.client is None:
+            return
+        self.client.on = (self._in_step and not self._probe and not self._stopped and
+                          not self._internal_ and
+                          not (self._mode == "measured" and self.device is not None and
+                               self.device.type == "cuda"))
+
+    def _attach(self):
+        """Give the client's dispatch what it needs of this adapter."""
+        t = self._tensors
+        self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
+                                (t.pending_frees, t.give_up, self._saved.graveyard),
+                                self._flush_frees, t.give_up, torch.Tensor,
+                                frozenset([_DETACH]))
+
+    def _torch_dispatch(self, func, types, args=(), kwargs=None):
+        return self._dispatch(func, args, kwargs or {})
 
     def _dispatch(self, func, args, kwargs):
         if self._internal or not self._in_step or self._stopped:
@@ -516,6 +599,7 @@ class Manager:
 
     def _stop(self, why):
         self._stopped = True
+        self._sync_op_path()
         self._stop_reason = why
         self.warn_once("stopped", "step %d stopped reporting (%s); it runs unmanaged" % (
             self._step_no, why))
@@ -523,17 +607,39 @@ class Manager:
             self.client.diverged()
         except _client.Error:
             pass
+        # The ops that follow are not seen: every weight must be there now.
+        self._bring_back(self._weights)
+
+    def _bring_back(self, ids):
+        """The weights among ids that the plan took out come back: before
+        an op that uses them (PyTorch reads a weight wherever the op
+        likes), or all of them when the step ends. A copy that finishes
+        meanwhile may release another one: until none is out."""
+        while True:
+            out = [tid for tid in ids if not self.client.resident(tid)]
+            if not out:
+                return
+            for tid in out:
+                self._saved.restore_weight(tid)
 
     def _report(self, func, args, kwargs):
         self._op_ran = False
-        if self._tensors.pending_frees or self._saved.graveyard:
+        if self._tensors.pending_frees or self._saved.graveyard or self._tensors.give_up:
             self._flush_frees()
         leaves, spec = _flatten(args, kwargs)
         probe = self._probe
+        guided = self._guided and not self._diverged
+        seq = 0 if probe else self.client.op_seq
+        # Only ops a recompute list may replay keep their arguments (and the
+        # RNG state they ran with) for the replay.
+        record = guided and self.client.replayed(seq)
+        if guided:
+            # PyTorch allocates the op's outputs: first let the swap-outs
+            # in flight release what they will take (a budget wait). Before
+            # the inputs are looked at: a weight it releases comes back below.
+            self.client.make_room()
         in_ids = []
-        # Only a guided step can recompute: only it records each op's
-        # arguments for a replay.
-        rec_leaves = list(leaves) if self._guided else None
+        rec_leaves = list(leaves) if record else None
         for i, a in enumerate(leaves):
             if isinstance(a, torch.Tensor):
                 tid = self._id_of(a)
@@ -543,16 +649,15 @@ class Manager:
                     in_ids.append(tid)
                 if rec_leaves is not None:
                     rec_leaves[i] = _Ph(tid, meta_of(a))
+        weights = [tid for tid in in_ids if tid in self._weights]
+        if weights:
+            self._bring_back(weights)
         info = _FUNC_INFO.get(func)
         if info is None:
             name = str(func)
             info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
         name = info[0]
-        rng = self._rng_state() if info[1] and self._guided else None
-        if self._guided and not self._diverged:
-            # PyTorch allocates the op's outputs: first let the swap-outs
-            # in flight release what the budget needs (a budget wait).
-            self.client.make_room()
+        rng = self._rng_state() if info[1] and record else None
         # A measured op's time on a GPU is its kernels': the host waits for
         # them (only in the measured step; the others are not timed).
         sync = (self._mode == "measured" and self.device is not None and
@@ -577,18 +682,11 @@ class Manager:
                     out_ids.append(tid)
         if probe:
             return out
-        seq = len(self._ops)
         in_t, out_t = tuple(in_ids), tuple(out_ids)
-        self._ops.append(_Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
-                         if self._guided else _Sig(name, in_t, out_t))
-        if self._guided and not self._diverged and (
-                seq >= len(self._plan_sig) or self._plan_sig[seq] != (name, in_t, out_t)):
-            self._diverged = True
-            self._diverged_at = seq
-            if os.environ.get("CAPUCHIN_DEBUG"):
-                print("capuchin: diverged at op", seq, (name, in_t, out_t), "was",
-                      self._plan_sig[seq] if seq < len(self._plan_sig) else None)
-            self.client.diverged()
+        if record:
+            self._ops[seq] = _Op(name, func, spec, rec_leaves, in_t, out_t, out_pos, rng)
+        # The client checks that a guided step still follows the plan's op
+        # sequence (and stops the plan where it does not), then reports.
         self.client.op(name, in_t, out_t, dur)
         return out
 
@@ -629,10 +727,8 @@ class Manager:
             self._internal = prev
 
     def _replay(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
-        if seq >= len(self._ops):
-            return False
-        op = self._ops[seq]
-        if not isinstance(op, _Op) or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
+        op = self._ops.get(seq)
+        if op is None or op.name != name or op.in_ids != tuple(in_ids) or op.out_ids != tuple(out_ids):
             return False
         addr_of = dict(zip(in_ids, in_addrs))
         leaves = list(op.leaves)

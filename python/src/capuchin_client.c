@@ -11,32 +11,17 @@
  * thread) with the GIL held: the callbacks are called from within op_run,
  * acquire, poll and the iteration calls, never from another thread.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "client_object.h" /* Python.h first, as CPython requires */
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "capuchin/client.h"
-#include "capuchin/framework.h"
+#include <structmember.h>
 
-#define MAX_IDS 4096
+PyObject *CapError; /* capuchin._client.Error(code, message) */
 
-typedef struct {
-  PyObject_HEAD
-  cap_client_t *c;
-  PyObject *alloc_cb;     /* alloc(id, nbytes) -> address */
-  PyObject *release_cb;   /* release(id, address, nbytes) */
-  PyObject *recompute_cb; /* recompute(seq, name, in_ids, in_addrs, out_ids,
-                             out_addrs) -> bool */
-  PyObject *names;        /* op name -> bytes: keeps the C strings alive for
-                             the client's lifetime, as op_begin requires */
-  uint32_t ids[2 * MAX_IDS];
-} ClientObject;
-
-static PyObject *CapError; /* capuchin._client.Error(code, message) */
-
-static PyObject *raise_rc(ClientObject *self, int rc) {
+PyObject *cap_py_raise_rc(ClientObject *self, int rc) {
   const char *msg = self && self->c ? cap_client_last_error(self->c) : "";
   PyObject *args = Py_BuildValue("(iss)", rc, cap_err_name(rc),
                                  msg && *msg ? msg : cap_strerror(rc));
@@ -207,7 +192,7 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   rc = cap_client_create(&cfg, &c);
   Py_END_ALLOW_THREADS
   if (rc < 0) {
-    raise_rc(NULL, rc);
+    cap_py_raise_rc(NULL, rc);
     return -1;
   }
   self->c = c;
@@ -220,6 +205,7 @@ static void Client_close_impl(ClientObject *self) {
   if (self->c) {
     cap_client_t *c = self->c;
     self->c = NULL;
+    self->on = 0;
     cap_client_destroy(c);
   }
 }
@@ -230,6 +216,7 @@ static void Client_dealloc(ClientObject *self) {
   Py_XDECREF(self->release_cb);
   Py_XDECREF(self->recompute_cb);
   Py_XDECREF(self->names);
+  cap_py_op_path_clear(self);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -238,8 +225,7 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-/* ids from a tuple or list of ints into self->ids + off. */
-static int read_ids(ClientObject *self, PyObject *seq, uint32_t off,
+int cap_py_read_ids(ClientObject *self, PyObject *seq, uint32_t off,
                     uint32_t *n) {
   PyObject *f = PySequence_Fast(seq, "ids must be a sequence of ints");
   if (!f)
@@ -264,7 +250,7 @@ static int read_ids(ClientObject *self, PyObject *seq, uint32_t off,
   return 0;
 }
 
-static const char *intern_name(ClientObject *self, PyObject *name) {
+const char *cap_py_intern_name(ClientObject *self, PyObject *name) {
   PyObject *b = PyDict_GetItemWithError(self->names, name);
   if (!b) {
     if (PyErr_Occurred())
@@ -280,32 +266,6 @@ static const char *intern_name(ClientObject *self, PyObject *name) {
   return PyBytes_AS_STRING(b);
 }
 
-/* op(name, in_ids, out_ids, duration_ns): an op that has run. */
-static PyObject *Client_op(ClientObject *self, PyObject *const *args,
-                           Py_ssize_t nargs) {
-  if (check_open(self) < 0)
-    return NULL;
-  if (nargs != 4 || !PyUnicode_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "op(name, in_ids, out_ids, duration_ns)");
-    return NULL;
-  }
-  const char *name = intern_name(self, args[0]);
-  uint32_t n_in = 0, n_out = 0;
-  if (!name || read_ids(self, args[1], 0, &n_in) < 0 ||
-      read_ids(self, args[2], MAX_IDS, &n_out) < 0)
-    return NULL;
-  long long dur = PyLong_AsLongLong(args[3]);
-  if (dur == -1 && PyErr_Occurred())
-    return NULL;
-  int rc = cap_client_op_run(self->c, name, self->ids, n_in,
-                             self->ids + MAX_IDS, n_out, dur < 0 ? 0 : dur);
-  if (PyErr_Occurred()) /* a callback raised and was reported */
-    PyErr_Clear();
-  if (rc < 0)
-    return raise_rc(self, rc);
-  Py_RETURN_NONE;
-}
-
 static PyObject *Client_adopt(ClientObject *self, PyObject *args) {
   unsigned long long bytes;
   PyObject *addr;
@@ -317,7 +277,7 @@ static PyObject *Client_adopt(ClientObject *self, PyObject *args) {
   uint32_t id;
   int rc = cap_client_adopt(self->c, bytes, p, &id);
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
   return PyLong_FromUnsignedLong(id);
 }
 
@@ -335,7 +295,7 @@ static PyObject *Client_adopt_persistent(ClientObject *self, PyObject *args) {
   int rc = cap_client_adopt_persistent(
       self->c, bytes, input ? CAP_KIND_INPUT : CAP_KIND_PARAM, p, &id);
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
   return PyLong_FromUnsignedLong(id);
 }
 
@@ -349,7 +309,7 @@ static PyObject *Client_free(ClientObject *self, PyObject *arg) {
   if (PyErr_Occurred())
     PyErr_Clear();
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
   Py_RETURN_NONE;
 }
 
@@ -364,7 +324,7 @@ static PyObject *Client_acquire(ClientObject *self, PyObject *arg) {
   if (PyErr_Occurred())
     PyErr_Clear();
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
   return PyLong_FromVoidPtr(p);
 }
 
@@ -375,6 +335,17 @@ static PyObject *Client_poll(ClientObject *self, PyObject *unused) {
   if (PyErr_Occurred())
     PyErr_Clear();
   return PyLong_FromLong(n);
+}
+
+static PyObject *Client_set_evictable(ClientObject *self, PyObject *args) {
+  unsigned int id;
+  int yes;
+  if (check_open(self) < 0 || !PyArg_ParseTuple(args, "Ip", &id, &yes))
+    return NULL;
+  int rc = cap_client_set_evictable(self->c, id, yes);
+  if (rc < 0)
+    return cap_py_raise_rc(self, rc);
+  Py_RETURN_NONE;
 }
 
 static PyObject *Client_make_room(ClientObject *self, PyObject *unused) {
@@ -394,7 +365,7 @@ static PyObject *Client_resident(ClientObject *self, PyObject *arg) {
     return NULL;
   int r = cap_client_tensor_resident(self->c, (uint32_t)id);
   if (r < 0)
-    return raise_rc(self, r);
+    return cap_py_raise_rc(self, r);
   return PyBool_FromLong(r);
 }
 
@@ -405,16 +376,19 @@ static PyObject *Client_begin(ClientObject *self, PyObject *unused) {
   if (PyErr_Occurred())
     PyErr_Clear();
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
+  cap_py_op_path_begin(self, cap_client_mode(self->c));
   return PyUnicode_FromString(cap_mode_name(cap_client_mode(self->c)));
 }
 
 static PyObject *Client_diverged(ClientObject *self, PyObject *unused) {
   if (check_open(self) < 0)
     return NULL;
+  /* the adapter stopped reporting: this op sequence is not a whole one */
+  cap_py_op_path_stopped(self);
   int rc = cap_client_diverged(self->c);
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
   Py_RETURN_NONE;
 }
 
@@ -425,8 +399,10 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
   int rc = cap_client_iteration_end(self->c, &s);
   if (PyErr_Occurred())
     PyErr_Clear();
+  self->on = 0;
   if (rc < 0)
-    return raise_rc(self, rc);
+    return cap_py_raise_rc(self, rc);
+  cap_py_op_path_end(self, s.mode);
   return Py_BuildValue(
       "{s:I,s:s,s:L,s:K,s:K,s:K,s:I,s:I,s:I,s:L,s:I,s:I,s:I,s:s,s:I,s:s}",
       "iteration", s.iteration, "mode", cap_mode_name(s.mode), "time_ns",
@@ -483,8 +459,6 @@ static PyObject *Client_last_error(ClientObject *self, PyObject *unused) {
 }
 
 static PyMethodDef Client_methods[] = {
-    {"op", (PyCFunction)(void (*)(void))Client_op, METH_FASTCALL,
-     "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"adopt", (PyCFunction)Client_adopt, METH_VARARGS,
      "adopt(nbytes, address) -> id: a transient tensor the framework holds"},
     {"adopt_persistent", (PyCFunction)Client_adopt_persistent, METH_VARARGS,
@@ -495,6 +469,9 @@ static PyMethodDef Client_methods[] = {
     {"poll", (PyCFunction)Client_poll, METH_NOARGS,
      "poll() -> copies still running (finished ones are released)"},
     {"resident", (PyCFunction)Client_resident, METH_O, "resident(id) -> bool"},
+    {"set_evictable", (PyCFunction)Client_set_evictable, METH_VARARGS,
+     "set_evictable(id, bool): the adapter can give up and take back the "
+     "memory of persistent tensor id (capuchin/framework.h)"},
     {"make_room", (PyCFunction)Client_make_room, METH_NOARGS,
      "make_room() -> bool: wait for swap-outs while over the budget"},
     {"begin", (PyCFunction)Client_begin, METH_NOARGS,
@@ -511,6 +488,17 @@ static PyMethodDef Client_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The per-op path's state the adapter reads and sets (op_path.c). */
+static PyMemberDef Client_members[] = {
+    {"on", T_INT, offsetof(ClientObject, on), 0,
+     "a reported step: dispatch may handle ops itself"},
+    {"diverged_at", T_INT, offsetof(ClientObject, diverged_at), READONLY,
+     "op seq where this guided iteration left the plan's ops, -1: it has not"},
+    {"op_seq", T_UINT, offsetof(ClientObject, op_seq), READONLY,
+     "ops reported this iteration"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject ClientType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capuchin._client.Client",
     .tp_basicsize = sizeof(ClientObject),
@@ -518,6 +506,7 @@ static PyTypeObject ClientType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "libcapuchin-client in framework-memory mode",
     .tp_methods = Client_methods,
+    .tp_members = Client_members,
     .tp_init = (initproc)Client_init,
     .tp_new = PyType_GenericNew,
 };
@@ -531,7 +520,7 @@ static PyObject *mod_socket_path(PyObject *m, PyObject *args) {
   cfg.socket_path = sock;
   char buf[256];
   if (cap_client_socket_path(&cfg, buf, sizeof buf) < 0)
-    return raise_rc(NULL, CAP_ERANGE);
+    return cap_py_raise_rc(NULL, CAP_ERANGE);
   return PyUnicode_FromString(buf);
 }
 
@@ -550,6 +539,15 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__client(void) {
   if (PyType_Ready(&ClientType) < 0)
     return NULL;
+  /* The per-op path's methods live in op_path.c. */
+  for (PyMethodDef *md = cap_py_op_path_methods; md->ml_name; md++) {
+    PyObject *d = PyDescr_NewMethod(&ClientType, md);
+    int rc = d ? PyDict_SetItemString(ClientType.tp_dict, md->ml_name, d) : -1;
+    Py_XDECREF(d);
+    if (rc < 0)
+      return NULL;
+  }
+  PyType_Modified(&ClientType);
   PyObject *m = PyModule_Create(&moddef);
   if (!m)
     return NULL;

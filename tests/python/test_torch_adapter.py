@@ -34,7 +34,6 @@ ITERS = 7
 # Slow enough that the plans recompute as well as swap; the MLP (its plans
 # only swap) gets more, or its swaps could not hide behind its short ops.
 SIM_GBPS = {"mlp": 0.5, "cnn": 0.05, "transformer": 0.05}
-PEAK_SLACK = 0.10
 fails = []
 
 
@@ -91,27 +90,27 @@ def scenario_budgets(model_name):
         check_common(label, mgr)
         its = mgr.iterations
         check("%s: iteration 2 measured" % label, its[1]["mode"] == "measured")
-        infeasible = any("no plan fits" in it.get("note", "") for it in its)
-        if infeasible and pct == 30:
-            # Only evicting weights or optimizer state would fit: the daemon
-            # says which budget would, and the job trains unmanaged.
-            check("%s: no plan fits; the report names the smallest budget" % label,
-                  all(it["mode"] == "passive" for it in its[2:]) and
-                  "smallest feasible budget" in its[-1]["note"])
-            continue
         guided = its[2:]
         check("%s: iterations 3.. guided" % label,
               all(it["mode"] == "guided" for it in guided))
-        # PyTorch allocates each op's outputs without asking the client, and
-        # an unpack whose prefetch found no room allocates regardless: the
-        # client waits for swap-outs before each op (make_room) but cannot
-        # refuse. The tracked bytes keep to the budget within PEAK_SLACK.
+        # PyTorch allocates each op's outputs before the adapter can report
+        # the op: before each op the client makes room for what that op's
+        # outputs took last time (make_room), and an unpack whose prefetch
+        # found no room waits for swap-outs before it allocates.
         for it in guided:
-            check("%s: iteration %d tracked peak %d <= budget %d + %d%%" % (
-                label, it["iteration"], it["peak_bytes"], mgr.budget_bytes,
-                PEAK_SLACK * 100), it["peak_bytes"] <= mgr.budget_bytes * (1 + PEAK_SLACK))
+            check("%s: iteration %d tracked peak %d <= budget %d" % (
+                label, it["iteration"], it["peak_bytes"], mgr.budget_bytes),
+                it["peak_bytes"] <= mgr.budget_bytes)
         swaps += sum(it["bytes_out"] for it in guided)
         recomputes += sum(it["recomputed_ops"] for it in guided)
+        if pct == 30 and model_name == "mlp":
+            # Its weights, gradients and momentum are two thirds of this
+            # budget: only a plan that evicts some of them fits (the
+            # daemon's floor without is above it), and the adapter carries
+            # it out.
+            check("%s: weights given up and brought back (%d)" % (
+                label, sum(it["weights_out"] for it in guided)),
+                all(it["weights_out"] > 0 for it in guided))
         mgr.close()
     check("%s: swaps happened (%d bytes out)" % (model_name, swaps), swaps > 0)
     if model_name != "mlp":  # an MLP's plans only swap (see README)

@@ -34,7 +34,8 @@
  * since (a copy out of it was still running): the address is what counts.
  * Budget: the client counts the bytes of adopted tensors that are on the
  * device as in use; a prefetch that would exceed the budget waits until
- * the back-access (then the framework's allocation is not refused).
+ * the back-access (then the framework's allocation waits for swap-outs in
+ * flight, and is not refused).
  */
 #ifndef CAPUCHIN_FRAMEWORK_H
 #define CAPUCHIN_FRAMEWORK_H
@@ -74,11 +75,24 @@ CAP_EXTERN int cap_client_adopt(cap_client_t *c, uint64_t bytes, void *dev,
 
 /* Register a persistent tensor (kind CAP_KIND_PARAM or CAP_KIND_INPUT) the
  * framework holds at dev. Plans that evict persistent tensors are not
- * carried out on adopted ones (the framework cannot give up a weight's
- * memory): such an action keeps the tensor and counts as a fallback. */
+ * carried out on an adopted one unless the framework said it can give up
+ * its memory (cap_client_set_evictable): such an action keeps the tensor
+ * and counts as a fallback. */
 CAP_EXTERN int cap_client_adopt_persistent(cap_client_t *c, uint64_t bytes,
                                            cap_tensor_kind_t kind, void *dev,
                                            uint32_t *id);
+
+/* Whether the framework can give up the memory of persistent tensor id
+ * (adopted) after its evicted-access and take new memory for it when the
+ * client brings it back (PyTorch: resize the storage to 0 bytes and back;
+ * the tensor objects on it stay; not a storage NumPy shares), through the
+ * same release and alloc callbacks as a transient tensor's. Plans that
+ * evict it are then carried out. Since anything may read a weight, the
+ * framework must bring it back (cap_client_acquire) before it runs an op
+ * that reads or writes it, and before its own code reads it outside ops
+ * (between iterations). Off for each tensor until set; CAP_EINVAL for a
+ * tensor that is not an adopted persistent one. */
+CAP_EXTERN int cap_client_set_evictable(cap_client_t *c, uint32_t id, bool yes);
 
 /* Bring tensor id back to the device now, outside an op, and give its
  * address: what a saved-tensor unpack hook calls just before the
@@ -107,20 +121,35 @@ CAP_EXTERN int cap_client_op_run(cap_client_t *c, const char *name,
  * ends passive. The plan is kept for the next iteration. */
 CAP_EXTERN int cap_client_diverged(cap_client_t *c);
 
-/* The framework is about to allocate (run an op): while the bytes in use
+/* The framework is about to run the next op, which allocates its outputs
+ * before the op can be reported: in a guided iteration, while the bytes in
+ * use plus what that op's outputs took in the last complete iteration
  * exceed the budget, wait for the swap-outs in flight to finish, oldest
  * first, and release their memory (each wait is a budget wait and counts
- * as stall time, as when the client allocates in model 1). Returns 1 when
- * the bytes in use are within the budget, 0 when they are not and no
- * swap-out is left to wait for. */
+ * as stall time, as when the client allocates in model 1). Outside guided
+ * iterations it only waits while the bytes in use exceed the budget.
+ * Returns 1 when the op's outputs fit, 0 when they do not and no swap-out
+ * is left to wait for. An access that brings a tensor back outside the
+ * plan (cap_client_acquire, a recompute) makes room the same way before
+ * asking the framework for memory. */
 CAP_EXTERN int cap_client_make_room(cap_client_t *c);
+
+/* Whether a recompute list of the plan in force may replay op seq (0-based,
+ * in reporting order) of this guided iteration, through the recompute
+ * callback: a framework that must keep an op's arguments to replay it
+ * keeps only those ops'. false outside guided iterations. Any thread that
+ * owns the client; O(1). */
+CAP_EXTERN bool cap_client_op_replayed(cap_client_t *c, uint32_t seq);
 
 /* The mode of the iteration in progress (the last one between iterations):
  * a framework that times ops more carefully while they are measured. */
 CAP_EXTERN cap_mode_t cap_client_mode(cap_client_t *c);
 
 /* Collect the copies that have finished (calling release for the device
- * memory swap-outs no longer read). Returns the number still running.
+ * memory swap-outs no longer read), and start the prefetches that waited
+ * for the H2D copy engine (the plan takes a tensor's memory when its copy
+ * starts, and copies in run one at a time). Returns the number of
+ * swap-outs still running.
  * Op end and iteration begin/end do this too. */
 CAP_EXTERN int cap_client_poll(cap_client_t *c);
 
