@@ -222,14 +222,23 @@ void cap__dev_region_close(cap__dev_t *d) {
   memset(&d->region, 0, sizeof d->region);
 }
 
-/* The region's room is part of the budget, already counted; only an
- * allocation past the arenas (cap__dev_alloc_beyond_arena) can have
- * borrowed it. */
+/* The region's room is part of the budget, counted whole with the region;
+ * only an allocation past the arenas (cap__dev_alloc_beyond_arena) can have
+ * borrowed it, and only then, with the allocator over the budget, does the
+ * room left for tensors decide. (Checking that always would refuse blocks
+ * the plan sized to the byte for the allocator's rounding of the rest.) */
+static bool region_room_lent(cap__dev_t *d, uint64_t len) {
+  cap_bfc_stats_t st;
+  cap_bfc_stats(d->dev_bfc, &st);
+  return st.budget_bytes && st.in_use_bytes + d->framework_bytes > st.budget_bytes &&
+         !cap__dev_use_has_room(d, len);
+}
+
 int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
                          void **busy) {
   if (busy)
     *busy = NULL;
-  if (!cap__dev_use_has_room(d, len))
+  if (region_room_lent(d, len))
     return CAP_EBUDGET;
   return cap__region_take(&d->region, off, len, p, busy);
 }
@@ -240,7 +249,7 @@ int cap__dev_region_take_any(cap__dev_t *d, uint64_t len, void **p) {
   if (!d->region.base)
     return CAP_EBUDGET;
   len = (len + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
-  if (!cap__dev_use_has_room(d, len))
+  if (region_room_lent(d, len))
     return CAP_EBUDGET;
   return cap__region_take_any(&d->region, len ? len : CAP_BFC_GRANULE, p);
 }
