@@ -294,6 +294,110 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* --- replays that share their lineage ------------------------------------
+ * The greedy builds each recompute list alone, so two dropped tensors made
+ * by the same few ops each pay for them: a CNN's batch-norm output (kept
+ * for the next conv's backward) and its clone before the in-place
+ * activation (kept for the activation's backward) both replay the batch
+ * norm. One replay of the union at the earlier back-access restores both
+ * (a list brings back every dropped tensor it produces), so the later list
+ * never runs; the price is holding that tensor from the earlier
+ * back-access on, which the simulator weighs. */
+
+#define SHARE_MAX_OPS 128u /* longest merged list */
+
+/* Time of the ops both sorted lists replay, ns. */
+static int64_t shared_ns(const cap_profile_t *p, const uint32_t *x,
+                         uint32_t nx, const uint32_t *y, uint32_t ny) {
+  int64_t ns = 0;
+  for (uint32_t i = 0, j = 0; i < nx && j < ny;) {
+    if (x[i] < y[j]) {
+      i++;
+    } else if (y[j] < x[i]) {
+      j++;
+    } else {
+      ns += p->ops[x[i]].end_ns - p->ops[x[i]].start_ns;
+      i++, j++;
+    }
+  }
+  return ns;
+}
+
+/* The replay that best takes over action bi's: back-access while bi's
+ * tensor is off the device (after its evicted-access, before its own
+ * back-access), sharing the most replay time with it (the latest such
+ * back-access on a tie: the tensor comes back least early). CAP_NONE
+ * when no replay shares an op. */
+static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
+                              uint32_t bi) {
+  const cap_action_t *b = &plan->actions[bi];
+  uint32_t out = cap_profile_access_op(p, b->tensor, b->evict_after_access);
+  uint32_t back = cap_profile_access_op(p, b->tensor, b->evict_after_access + 1);
+  const uint32_t *y = cap_action_recompute_ops(plan, b);
+  uint32_t best = CAP_NONE, best_back = 0;
+  int64_t best_ns = 0;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute)
+      continue;
+    uint32_t ab = cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+    if (ab <= out || ab >= back)
+      continue;
+    int64_t ns = shared_ns(p, cap_action_recompute_ops(plan, a), a->n_recompute,
+                           y, b->n_recompute);
+    if (ns > best_ns || (ns == best_ns && ns > 0 && ab > best_back)) {
+      best = i;
+      best_ns = ns;
+      best_back = ab;
+    }
+  }
+  return best;
+}
+
+/* For the costliest replays (at most max_tries), merge each into its
+ * partner's list; keep each merge the simulator finds faster and no higher
+ * at its peak. */
+static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_tries) {
+  uint64_t limit = plan->predicted_peak_bytes;
+  cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
+  if (!cands)
+    return CAP_ENOMEM;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method == CAP_METHOD_RECOMPUTE && a->n_recompute)
+      cands[n++] = (cand_t){cap__replay_ns(plan, p, a), a->tensor,
+                            a->evict_after_access};
+  }
+  qsort(cands, n, sizeof *cands, cmp_cand);
+  int rc = 0;
+  for (uint32_t i = 0, tries = 0; i < n && tries < max_tries && !rc; i++) {
+    uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
+    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, bi);
+    if (ai == CAP_NONE)
+      continue;
+    tries++;
+    cap_plan_t *next = cap_plan_clone(plan);
+    if (!next)
+      return free(cands), CAP_ENOMEM;
+    rc = cap__plan_merge_lists(next, ai, bi, SHARE_MAX_OPS);
+    bool ok = false;
+    if (!rc)
+      rc = simulate(next, p, &cfg->bw, &ok);
+    else if (rc == CAP_ENOENT)
+      rc = 0;
+    if (ok && keep(next, plan, p, limit)) {
+      cap_plan_t tmp = *plan;
+      *plan = *next;
+      *next = tmp;
+    }
+    cap_plan_destroy(next);
+  }
+  free(cands);
+  return rc;
+}
+
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
@@ -305,5 +409,7 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
+  if (!rc)
+    rc = share_replays(plan, p, cfg, max_tries / 4);
   return rc;
 }
