@@ -410,6 +410,6 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
   if (!rc)
-    rc = share_replays(plan, p, cfg, max_tries / 4);
+    rc = share_replays(plan, p, cfg, max_tries);
   return rc;
 }
