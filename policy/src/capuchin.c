@@ -23,11 +23,12 @@
  * much of the over-budget region a choice covers, one ranking for swaps and
  * recomputes, aiming a little under the budget, stricter or looser pushing
  * back of queued swap-outs, copies booked at each direction's full rate,
- * hidden swaps given first to the tensors costliest to replay) whose best
+ * hidden swaps given first to the tensors costliest to replay, replays
+ * ranked by their cost beyond the lists they make unnecessary) whose best
  * simulated plan wins; several evictions per tensor (every access gap is a
  * candidate); nested restores (a replay may use a source the plan drops or
  * swaps, and brings it back); a local search under the simulator on the
- * best three plans (improve.c); the winning order run again without the
+ * best four plans (improve.c); the winning order run again without the
  * best plan's costliest replays.
  */
 #include <math.h>
@@ -301,6 +302,12 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
   int rc = cap__rc_build(c, g, &cost, &extra);
   if (rc == CAP_ENOMEM)
     return rc;
+  /* what the replay costs beyond the lists it makes unnecessary */
+  if (rc == 0 && c->share_lineage) {
+    cost -= cap__rc_saved(c, g->b);
+    if (cost < 0)
+      cost = 0;
+  }
   /* an exposed swap costs at least its swap-in: skip it when the replay
    * is cheaper anyway */
   bool have_swap = false;
@@ -512,6 +519,9 @@ typedef struct variant {
    * (no lineage: first of all), not the largest free time: the copy
    * engines' time then goes where recompute would cost most. */
   bool costly_first;
+  /* A replay that brings back dropped tensors whose own lists then never
+   * run is ranked by its cost beyond those lists (cap__rc_saved). */
+  bool share_lineage;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -549,6 +559,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   c.weigh_cover = v->weigh_cover;
   c.loose_push = v->loose_push;
   c.no_fetch = v->no_fetch;
+  c.share_lineage = v->share_lineage;
   if (v->full_rate) {
     c.d2h_gbps = cfg->bw.d2h_gbps;
     c.h2d_gbps = cfg->bw.h2d_gbps;
@@ -698,18 +709,24 @@ static const variant_t variants[] = {
      * (a transformer's matrix products) rather than to the longest gaps */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true, .full_rate = true, .costly_first = true},
+    /* ... replays ranked by their cost beyond the lists they make
+     * unnecessary: a CNN's batch norm and its clone share one replay */
+    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
+     .loose_push = true, .full_rate = true, .share_lineage = true},
     /* one ranking for swaps and recomputes */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true},
-    /* one ranking, plain MSPS, push back within the target */
+    /* one ranking, plain MSPS, push back within the target, lineage
+     * shared */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = false},
+     .loose_push = false, .share_lineage = true},
     /* aim a little under the budget */
     {.swaps_first = true, .push_back = true, .aim = 0.97, .weigh_cover = true,
      .loose_push = true},
-    /* one ranking, under the budget, no push back, plain MSPS */
+    /* one ranking, under the budget, no push back, plain MSPS, lineage
+     * shared */
     {.swaps_first = false, .push_back = false, .aim = 0.97, .weigh_cover = false,
-     .loose_push = true},
+     .loose_push = true, .share_lineage = true},
 };
 
 
@@ -758,7 +775,7 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP 3u /* portfolio plans after the best that are searched */
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
  * or not, runners[] the next best that fit, best first, NULL where none

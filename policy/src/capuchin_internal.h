@@ -133,6 +133,7 @@ typedef struct cap__ctx {
   bool loose_push;    /* ... up to the current peak, not just the target */
   bool no_fetch;      /* replays may not fetch swapped-out sources */
   bool weigh_cover;   /* rank by MSPS x share of the over-target region */
+  bool share_lineage; /* rank replays by cost beyond cap__rc_saved */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
   /* per tensor: back-access ops at which a chosen recompute list reads or
    * writes it; evicting the tensor over such an op would break that list */
@@ -241,6 +242,12 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
  * place since, a source the plan has evicted, list too long). */
 int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
                   int64_t *extra_bytes);
+/* Replay time of the chosen lists that the list in c->list (built for a
+ * back-access at op b) makes unnecessary: each dropped tensor it brings
+ * back whose own back-access comes later finds it on the device and never
+ * runs its own list. Two tensors with a common ancestor then pay for it
+ * once, as one segment. */
+int64_t cap__rc_saved(const cap__ctx_t *c, uint32_t b);
 /* Register the list in c->list as used at op b (see cap__first_use). */
 int cap__rc_register(cap__ctx_t *c, uint32_t b);
 /* Memory saving per second, bytes / ns scaled, for ranking. */

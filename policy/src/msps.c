@@ -213,3 +213,14 @@ int cap__rc_register(cap__ctx_t *c, uint32_t b) {
       return CAP_ENOMEM;
   return 0;
 }
+
+int64_t cap__rc_saved(const cap__ctx_t *c, uint32_t b) {
+  int64_t saved = 0;
+  for (uint32_t i = 0; i < c->restored.n; i++) {
+    const cap__choice_t *r = &c->ch[c->restored.v[i]];
+    if (r->method == CAP_METHOD_RECOMPUTE && !r->release &&
+        r->save_lo <= b && c->gaps[r->gap].b > b)
+      saved += r->cost_ns;
+  }
+  return saved;
+}
