@@ -48,7 +48,89 @@ static void test_late_prefetch_moves_earlier(void) {
   cap_profile_destroy(p);
 }
 
+/* A batch norm's output N, made in place by a relu_, and the clone C of
+ * its value before the relu_ (kept for the relu's backward), as in
+ * mobilenet_v2; D (200 MB) forces both off the device:
+ *   op0 bn X -> N (1000 us), op1 clone N -> C, op2 relu_ N, op3 conv N
+ *   -> Y, op4 Y -> D, op5 D, op6 D -> E, op7 reads N, E -> G, op8 reads C,
+ *   G -> H (100 us each but op0).
+ * Each tensor alone replays the batch norm: N [op0, op2] at op7 (1100 us),
+ * C [op0, op1] at op8 (1100 us). One list [op0, op1, op2] at op7 restores
+ * both (1200 us): C is back one op early, still below D's stretch. */
+static cap_profile_t *bn_clone(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { X, W, N, C, Y, D, E, G, H };
+  fx_tensor(&f, X, 10 * MB, CAP_KIND_INPUT);
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, N, 50 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, C, 50 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, Y, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 200 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, E, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, G, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, H, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t xw[] = {X, W}, n = N, c = C, nw[] = {N, W}, y = Y, d = D, e = E,
+           ne[] = {N, E}, g = G, cg[] = {C, G}, h = H;
+  int64_t t = 0;
+  fx_op(&f, t, t + 1000 * US, "aten.cudnn_batch_norm.default", xw, 2, &n, 1);
+  t += 1000 * US;
+  fx_op(&f, t, t + 100 * US, "aten.clone.default", &n, 1, &c, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.relu_.default", &n, 1, &n, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.convolution.default", nw, 2, &y, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.mul.Tensor", &y, 1, &d, 1);
+  t += 100 * US;
+  fx_free(&f, t, Y);
+  fx_op(&f, t, t + 100 * US, "aten.mul.Tensor", &d, 1, &d, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.sum.default", &d, 1, &e, 1);
+  t += 100 * US;
+  fx_free(&f, t, D);
+  fx_op(&f, t, t + 100 * US, "aten.convolution_backward.default", ne, 2, &g, 1);
+  t += 100 * US;
+  fx_free(&f, t, N);
+  fx_free(&f, t, E);
+  fx_op(&f, t, t + 100 * US, "aten.threshold_backward.default", cg, 2, &h, 1);
+  t += 100 * US;
+  fx_free(&f, t, C);
+  fx_free(&f, t, G);
+  fx_free(&f, t, H);
+  return fx_finish(&f);
+}
+
+static void test_replays_share_lineage(void) {
+  cap_profile_t *p = bn_clone();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 250 * MB);
+  cap_sim_result_t base;
+  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
+  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  REQUIRE(plan);
+  uint32_t n_list[] = {0, 2}, c_list[] = {0, 1};
+  REQUIRE(cap_plan_add_recompute(plan, 2, 4, n_list, 2) == 0); /* N */
+  REQUIRE(cap_plan_add_recompute(plan, 3, 1, c_list, 2) == 0); /* C */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2200 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__plan_improve(plan, p, &cfg, 64) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 1200 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->tensor, 2);
+  CHECK_EQ(a->n_recompute, 3);
+  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
+  cap_sim_result_close(&base);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 int main(void) {
   RUN_TEST(test_late_prefetch_moves_earlier);
+  RUN_TEST(test_replays_share_lineage);
   return TEST_SUMMARY();
 }
