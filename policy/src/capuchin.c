@@ -28,7 +28,7 @@
  * simulated plan wins; several evictions per tensor (every access gap is a
  * candidate); nested restores (a replay may use a source the plan drops or
  * swaps, and brings it back); a local search under the simulator on the
- * best four plans (improve.c); the winning order run again without the
+ * best three plans (improve.c); the winning order run again without the
  * best plan's costliest replays.
  */
 #include <math.h>
@@ -702,31 +702,26 @@ static const variant_t variants[] = {
      * MSPS weighted by coverage */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true, .full_rate = true},
-    /* ... plain MSPS */
+    /* ... plain MSPS, a replay ranked by its cost beyond the lists of the
+     * dropped tensors it brings back as well (cap__rc_saved) */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = true, .full_rate = true},
+     .loose_push = true, .full_rate = true, .share_lineage = true},
     /* the copy engines' time to the tensors costliest to replay per byte
      * (a transformer's matrix products) rather than to the longest gaps */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true, .full_rate = true, .costly_first = true},
-    /* ... replays ranked by their cost beyond the lists they make
-     * unnecessary: a CNN's batch norm and its clone share one replay */
-    {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = true, .full_rate = true, .share_lineage = true},
     /* one ranking for swaps and recomputes */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true},
-    /* one ranking, plain MSPS, push back within the target, lineage
-     * shared */
+    /* one ranking, plain MSPS, push back within the target */
     {.swaps_first = false, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = false, .share_lineage = true},
+     .loose_push = false},
     /* aim a little under the budget */
     {.swaps_first = true, .push_back = true, .aim = 0.97, .weigh_cover = true,
      .loose_push = true},
-    /* one ranking, under the budget, no push back, plain MSPS, lineage
-     * shared */
+    /* one ranking, under the budget, no push back, plain MSPS */
     {.swaps_first = false, .push_back = false, .aim = 0.97, .weigh_cover = false,
-     .loose_push = true, .share_lineage = true},
+     .loose_push = true},
 };
 
 
@@ -775,7 +770,7 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-#define RUNNERS_UP 3u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
  * or not, runners[] the next best that fit, best first, NULL where none

@@ -149,6 +149,10 @@ typedef struct cap__ctx {
   uint32_t *opmark;  /* per op: generation it was listed in */
   cap__u32vec_t list, stack, stack_ver, touched;
   cap__u32vec_t restored; /* choices a built list brings back early */
+  /* restored[0 .. n_sources_restored): sources the list reads, brought
+   * back by their own lists run before it (not in its cost); the rest are
+   * outputs of its own ops (in its cost) */
+  uint32_t n_sources_restored;
 } cap__ctx_t;
 
 int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
@@ -243,10 +247,11 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
 int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
                   int64_t *extra_bytes);
 /* Replay time of the chosen lists that the list in c->list (built for a
- * back-access at op b) makes unnecessary: each dropped tensor it brings
- * back whose own back-access comes later finds it on the device and never
- * runs its own list. Two tensors with a common ancestor then pay for it
- * once, as one segment. */
+ * back-access at op b) makes unnecessary: each dropped tensor its own ops
+ * bring back whose own back-access comes later finds it on the device and
+ * never runs its own list. Two tensors with a common ancestor then pay for
+ * it once, as one segment. (A dropped source the list reads is brought
+ * back by its own list, which is not in the list's cost: nothing saved.) */
 int64_t cap__rc_saved(const cap__ctx_t *c, uint32_t b);
 /* Register the list in c->list as used at op b (see cap__first_use). */
 int cap__rc_register(cap__ctx_t *c, uint32_t b);
