@@ -42,6 +42,7 @@
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 #define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
+#define SMALL_OPS 2000u /* shorter profiles get more tries, up to 4x */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -941,6 +942,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   uint32_t tries = IMPROVE_TRIES;
   if (p->n_ops > PORTFOLIO_FULL_OPS)
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  else if (p->n_ops < SMALL_OPS)
+    tries = (uint32_t)((uint64_t)tries * SMALL_OPS / (p->n_ops + 1));
+  if (tries > 4 * IMPROVE_TRIES)
+    tries = 4 * IMPROVE_TRIES;
   if (!rc)
     rc = cap__plan_improve(best, p, cfg, tries);
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
