@@ -69,6 +69,24 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
          cap_plan_validate(next, p, NULL, 0) == 0;
 }
 
+/* Action a becomes a swap whose prefetch lands just in time on idle
+ * engines (cap__earlier_trigger), on demand when none can. */
+static void make_swap(cap_action_t *a, const cap_profile_t *p,
+                      const cap_plan_config_t *cfg) {
+  uint32_t tt, ta;
+  a->method = CAP_METHOD_SWAP;
+  a->recompute_off = a->n_recompute = 0;
+  a->flags = 0;
+  a->prefetch_tensor = CAP_NONE;
+  a->prefetch_access = 0;
+  if (cap__earlier_trigger(p, a,
+                           cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
+                           cfg->trigger_margin_ns, &tt, &ta)) {
+    a->prefetch_tensor = tt;
+    a->prefetch_access = ta;
+  }
+}
+
 enum { TO_SWAP, DROP, EARLIER };
 
 /* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
@@ -104,17 +122,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     a->prefetch_access = ta;
     goto explicit;
   }
-  a->method = CAP_METHOD_SWAP;
-  a->recompute_off = a->n_recompute = 0;
-  a->flags = 0;
-  a->prefetch_tensor = CAP_NONE;
-  a->prefetch_access = 0;
-  if (cap__earlier_trigger(p, a,
-                           cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
-                           cfg->trigger_margin_ns, &tt, &ta)) {
-    a->prefetch_tensor = tt;
-    a->prefetch_access = ta;
-  }
+  make_swap(a, p, cfg);
 explicit:;
   int rc = cap__plan_make_explicit(next, p, NULL);
   if (rc) {
@@ -398,6 +406,116 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* --- a swap exchanged for a replay -----------------------------------------
+ * The greedy gives the D2H engine's time away one tensor at a time, in
+ * free-time (or replay-cost) order; a tensor it swapped early may replay
+ * cheaply while one it could no longer swap replays dearly. Exchange them:
+ * the cheap one is replayed (its lineage, with what is off the device
+ * rebuilt by cap__plan_make_explicit), the costly one swapped just in time
+ * on the copy-engine time the first leaves (it is at least as large and
+ * copied out no later). */
+
+#define EXCHANGE_MAX_OPS 16u /* longest lineage a swap may turn into */
+
+/* Replay time of the lineage of swap action a, its sources taken as on the
+ * device (make_explicit adds what is not); -1 when it has none. The list
+ * is left in l. */
+static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                      const cap_action_t *a, int64_t *ns) {
+  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
+  uint32_t back = cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  *ns = -1;
+  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, EXCHANGE_MAX_OPS);
+  if (rc == CAP_ENOENT)
+    return 0;
+  if (rc)
+    return rc;
+  *ns = 0;
+  for (uint32_t i = 0; i < l->n_ops; i++)
+    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
+  return 0;
+}
+
+static int exchange(cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, uint32_t max_tries) {
+  uint64_t limit = plan->predicted_peak_bytes;
+  uint32_t n_act = plan->n_actions;
+  cand_t *cands = malloc(((size_t)n_act + 1) * sizeof *cands);
+  int64_t *swap_ns = malloc(((size_t)n_act + 1) * sizeof *swap_ns);
+  cap__lineage_t lin = {0};
+  int rc = cands && swap_ns ? 0 : CAP_ENOMEM;
+  uint32_t n = 0;
+  /* the replay time of each swap, fixed for the search: an exchange that
+   * is kept changes other lists only through make_explicit */
+  for (uint32_t i = 0; i < n_act && !rc; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    swap_ns[i] = -1;
+    if (a->method == CAP_METHOD_SWAP)
+      rc = lineage_ns(&lin, p, a, &swap_ns[i]);
+    else if (!cap_action_is_release(a))
+      cands[n++] = (cand_t){cap__replay_ns(plan, p, a), a->tensor,
+                            a->evict_after_access};
+  }
+  if (!rc)
+    qsort(cands, n, sizeof *cands, cmp_cand);
+  for (uint32_t i = 0, tries = 0; i < n && tries < max_tries && !rc; i++) {
+    uint32_t yi = find_action(plan, cands[i].tensor, cands[i].k);
+    if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
+      continue;
+    const cap_action_t *y = &plan->actions[yi];
+    uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
+    uint64_t y_bytes = p->tensors[y->tensor].bytes;
+    /* the cheapest swap to replay, under half the replay it replaces */
+    uint32_t xi = CAP_NONE;
+    int64_t best = cands[i].cost_ns / 2;
+    for (uint32_t j = 0; j < n_act; j++) {
+      const cap_action_t *x = &plan->actions[j];
+      if (swap_ns[j] < 0 || swap_ns[j] >= best ||
+          x->method != CAP_METHOD_SWAP ||
+          p->tensors[x->tensor].bytes < y_bytes ||
+          cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out)
+        continue;
+      xi = j;
+      best = swap_ns[j];
+    }
+    if (xi == CAP_NONE)
+      continue;
+    tries++;
+    int64_t ns;
+    rc = lineage_ns(&lin, p, &plan->actions[xi], &ns);
+    if (rc || ns < 0)
+      break;
+    cap_plan_t *next = cap_plan_clone(plan);
+    if (!next) {
+      rc = CAP_ENOMEM;
+      break;
+    }
+    cap_action_t *x = &next->actions[xi];
+    x->method = CAP_METHOD_RECOMPUTE;
+    x->flags = 0;
+    x->prefetch_tensor = CAP_NONE;
+    x->prefetch_access = 0;
+    rc = cap__plan_set_list(next, xi, lin.ops, lin.n_ops);
+    make_swap(&next->actions[yi], p, cfg);
+    if (!rc)
+      rc = cap__plan_make_explicit(next, p, NULL);
+    bool ok = false;
+    if (!rc)
+      rc = simulate(next, p, &cfg->bw, &ok);
+    if (ok && keep(next, plan, p, limit)) {
+      cap_plan_t tmp = *plan;
+      *plan = *next;
+      *next = tmp;
+      swap_ns[xi] = -1; /* a replay now */
+    }
+    cap_plan_destroy(next);
+  }
+  cap__lineage_close(&lin);
+  free(cands);
+  free(swap_ns);
+  return rc;
+}
+
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
@@ -411,5 +529,7 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     rc = upgrade_swaps(plan, p, cfg, max_tries);
   if (!rc)
     rc = share_replays(plan, p, cfg, max_tries);
+  if (!rc)
+    rc = exchange(plan, p, cfg, max_tries / 4);
   return rc;
 }
