@@ -530,6 +530,6 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
   if (!rc)
     rc = share_replays(plan, p, cfg, max_tries);
   if (!rc)
-    rc = exchange(plan, p, cfg, max_tries / 4);
+    rc = exchange(plan, p, cfg, max_tries);
   return rc;
 }
