@@ -436,6 +436,66 @@ static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
   return 0;
 }
 
+/* The cheapest swap to replay in place of replay yi: under half its cost,
+ * at least as large, and (when before) copied out no later; CAP_NONE when
+ * none. */
+static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
+                                 const int64_t *swap_ns, uint32_t yi,
+                                 int64_t y_ns, bool before) {
+  const cap_action_t *y = &plan->actions[yi];
+  uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
+  uint64_t y_bytes = p->tensors[y->tensor].bytes;
+  uint32_t xi = CAP_NONE;
+  int64_t best = y_ns / 2;
+  for (uint32_t j = 0; j < plan->n_actions; j++) {
+    const cap_action_t *x = &plan->actions[j];
+    if (swap_ns[j] < 0 || swap_ns[j] >= best ||
+        x->method != CAP_METHOD_SWAP ||
+        p->tensors[x->tensor].bytes < y_bytes ||
+        (before &&
+         cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out))
+      continue;
+    xi = j;
+    best = swap_ns[j];
+  }
+  return xi;
+}
+
+/* Replay swap xi and swap replay yi in a copy of plan; *kept when the
+ * simulator accepts it (plan then holds it). */
+static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
+                        const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                        uint32_t xi, uint32_t yi, uint64_t limit, bool *kept) {
+  *kept = false;
+  int64_t ns;
+  int rc = lineage_ns(lin, p, &plan->actions[xi], &ns);
+  if (rc || ns < 0)
+    return rc;
+  cap_plan_t *next = cap_plan_clone(plan);
+  if (!next)
+    return CAP_ENOMEM;
+  cap_action_t *x = &next->actions[xi];
+  x->method = CAP_METHOD_RECOMPUTE;
+  x->flags = 0;
+  x->prefetch_tensor = CAP_NONE;
+  x->prefetch_access = 0;
+  rc = cap__plan_set_list(next, xi, lin->ops, lin->n_ops);
+  make_swap(&next->actions[yi], p, cfg);
+  if (!rc)
+    rc = cap__plan_make_explicit(next, p, NULL);
+  bool ok = false;
+  if (!rc)
+    rc = simulate(next, p, &cfg->bw, &ok);
+  if (ok && keep(next, plan, p, limit)) {
+    cap_plan_t tmp = *plan;
+    *plan = *next;
+    *next = tmp;
+    *kept = true;
+  }
+  cap_plan_destroy(next);
+  return rc;
+}
+
 static int exchange(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -462,53 +522,21 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
     uint32_t yi = find_action(plan, cands[i].tensor, cands[i].k);
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
-    const cap_action_t *y = &plan->actions[yi];
-    uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
-    uint64_t y_bytes = p->tensors[y->tensor].bytes;
-    /* the cheapest swap to replay, under half the replay it replaces */
-    uint32_t xi = CAP_NONE;
-    int64_t best = cands[i].cost_ns / 2;
-    for (uint32_t j = 0; j < n_act; j++) {
-      const cap_action_t *x = &plan->actions[j];
-      if (swap_ns[j] < 0 || swap_ns[j] >= best ||
-          x->method != CAP_METHOD_SWAP ||
-          p->tensors[x->tensor].bytes < y_bytes ||
-          cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out)
+    /* first a swap whose copy out the replay's can take over; then any:
+     * a later copy out that the engine then runs earlier */
+    uint32_t tried = CAP_NONE;
+    bool kept = false;
+    for (int before = 1; before >= 0 && !kept && !rc; before--) {
+      uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
+                                     before);
+      if (xi == CAP_NONE || xi == tried)
         continue;
-      xi = j;
-      best = swap_ns[j];
+      tries++;
+      tried = xi;
+      rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
+      if (kept)
+        swap_ns[xi] = -1; /* a replay now */
     }
-    if (xi == CAP_NONE)
-      continue;
-    tries++;
-    int64_t ns;
-    rc = lineage_ns(&lin, p, &plan->actions[xi], &ns);
-    if (rc || ns < 0)
-      break;
-    cap_plan_t *next = cap_plan_clone(plan);
-    if (!next) {
-      rc = CAP_ENOMEM;
-      break;
-    }
-    cap_action_t *x = &next->actions[xi];
-    x->method = CAP_METHOD_RECOMPUTE;
-    x->flags = 0;
-    x->prefetch_tensor = CAP_NONE;
-    x->prefetch_access = 0;
-    rc = cap__plan_set_list(next, xi, lin.ops, lin.n_ops);
-    make_swap(&next->actions[yi], p, cfg);
-    if (!rc)
-      rc = cap__plan_make_explicit(next, p, NULL);
-    bool ok = false;
-    if (!rc)
-      rc = simulate(next, p, &cfg->bw, &ok);
-    if (ok && keep(next, plan, p, limit)) {
-      cap_plan_t tmp = *plan;
-      *plan = *next;
-      *next = tmp;
-      swap_ns[xi] = -1; /* a replay now */
-    }
-    cap_plan_destroy(next);
   }
   cap__lineage_close(&lin);
   free(cands);
