@@ -313,6 +313,8 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
  * back-access on, which the simulator weighs. */
 
 #define SHARE_MAX_OPS 128u /* longest merged list */
+/* candidates looked at per try allowed (a look scans the whole plan) */
+#define SCAN_PER_TRY 4u
 
 /* Time of the ops both sorted lists replay, ns. */
 static int64_t shared_ns(const cap_profile_t *p, const uint32_t *x,
@@ -380,7 +382,9 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
   }
   qsort(cands, n, sizeof *cands, cmp_cand);
   int rc = 0;
-  for (uint32_t i = 0, tries = 0; i < n && tries < max_tries && !rc; i++) {
+  /* each look for a partner scans the plan: the costliest few only */
+  for (uint32_t i = 0, tries = 0;
+       i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
     uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
     uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, bi);
     if (ai == CAP_NONE)
@@ -518,7 +522,8 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
   }
   if (!rc)
     qsort(cands, n, sizeof *cands, cmp_cand);
-  for (uint32_t i = 0, tries = 0; i < n && tries < max_tries && !rc; i++) {
+  for (uint32_t i = 0, tries = 0;
+       i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
     uint32_t yi = find_action(plan, cands[i].tensor, cands[i].k);
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
