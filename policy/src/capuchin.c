@@ -42,7 +42,7 @@
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 #define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
-#define SMALL_OPS 2000u /* shorter profiles get more tries, up to 4x */
+#define SMALL_OPS 4000u /* shorter profiles get more tries, up to 4x */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
