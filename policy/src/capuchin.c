@@ -43,6 +43,7 @@
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 #define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
 #define SMALL_OPS 4000u /* shorter profiles get more tries, up to 4x */
+#define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -946,8 +947,15 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = (uint32_t)((uint64_t)tries * SMALL_OPS / (p->n_ops + 1));
   if (tries > 4 * IMPROVE_TRIES)
     tries = 4 * IMPROVE_TRIES;
-  if (!rc)
-    rc = cap__plan_improve(best, p, cfg, tries);
+  /* a kept change opens others (a merged replay, an exchanged swap move
+   * the copies and the memory the next moves see): search again, with
+   * half the tries each time, while a search finds something */
+  for (uint32_t t = tries; !rc && t >= SEARCH_MIN_TRIES; t /= 2) {
+    int64_t before = best->predicted_iter_ns;
+    rc = cap__plan_improve(best, p, cfg, t);
+    if (best->predicted_iter_ns >= before)
+      break;
+  }
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
     if (!rc && runners[r]) {
       rc = cap__plan_improve(runners[r], p, cfg, tries / 4);
