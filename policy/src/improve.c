@@ -440,7 +440,7 @@ static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
   return 0;
 }
 
-/* The cheapest swap to replay in place of replay yi: under half its cost,
+/* The cheapest swap to replay in place of replay yi: cheaper than it,
  * at least as large, and (when before) copied out no later; CAP_NONE when
  * none. */
 static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
@@ -450,7 +450,7 @@ static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
   uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
   uint64_t y_bytes = p->tensors[y->tensor].bytes;
   uint32_t xi = CAP_NONE;
-  int64_t best = y_ns / 2;
+  int64_t best = y_ns;
   for (uint32_t j = 0; j < plan->n_actions; j++) {
     const cap_action_t *x = &plan->actions[j];
     if (swap_ns[j] < 0 || swap_ns[j] >= best ||
