@@ -231,7 +231,9 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
 /* Local search on a plan that fits cfg->budget_bytes: tries its costliest
  * replays (at most max_tries) as just-in-time swaps, leaves out costly
  * evictions, starts late prefetches earlier by their lateness, gives
- * stalling swaps prefetches, and keeps each change that the
+ * stalling swaps prefetches, merges replays that share ops into one list,
+ * exchanges costly replays for swaps cheaper to replay, and keeps each
+ * change that the
  * simulator finds faster and no higher at its peak; plan is replaced in
  * place, its predictions kept current. A plan that does not fit is left as it is.
  * Returns 0 or CAP_ENOMEM (improve.c). */

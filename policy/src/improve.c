@@ -20,6 +20,11 @@
  * alongside compute, a group at a time: a group the simulator accepts
  * (no higher, faster) is kept whole, one it refuses is split in two and each
  * half tried, as long as simulations are left.
+ *
+ * Then replays that share ops merge into the earlier one's list (one replay
+ * restores both tensors), and the costliest replays are exchanged for
+ * swaps that are cheaper to replay, the replay's tensor taking the swap's
+ * copy-engine time.
  */
 #include <stdlib.h>
 
