@@ -909,6 +909,22 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return rc;
 }
 
+/* The local search with `tries`, then again with half as many each time
+ * while a pass finds something: a kept change opens others (a merged
+ * replay, an exchanged swap move the copies and the memory the next moves
+ * see). */
+static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
+                           const cap_plan_config_t *cfg, uint32_t tries) {
+  int rc = 0;
+  for (uint32_t t = tries; !rc && t > 0; t /= 2) {
+    int64_t before = plan->predicted_iter_ns;
+    rc = cap__plan_improve(plan, p, cfg, t);
+    if (plan->predicted_iter_ns >= before || t / 2 < SEARCH_MIN_TRIES)
+      break;
+  }
+  return rc;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
@@ -947,18 +963,11 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = (uint32_t)((uint64_t)tries * SMALL_OPS / (p->n_ops + 1));
   if (tries > 4 * IMPROVE_TRIES)
     tries = 4 * IMPROVE_TRIES;
-  /* a kept change opens others (a merged replay, an exchanged swap move
-   * the copies and the memory the next moves see): search again, with
-   * half the tries each time, while a search finds something */
-  for (uint32_t t = tries; !rc && t >= SEARCH_MIN_TRIES; t /= 2) {
-    int64_t before = best->predicted_iter_ns;
-    rc = cap__plan_improve(best, p, cfg, t);
-    if (best->predicted_iter_ns >= before)
-      break;
-  }
+  if (!rc)
+    rc = search_repeated(best, p, cfg, tries);
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
     if (!rc && runners[r]) {
-      rc = cap__plan_improve(runners[r], p, cfg, tries / 4);
+      rc = search_repeated(runners[r], p, cfg, tries / 4);
       if (!rc) {
         keep_better(&best, runners[r], cfg->budget_bytes);
         runners[r] = NULL;
