@@ -928,8 +928,9 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
- * RUNNERS_UP (the search may take one of them further), then the winning
- * variant again without the costliest replays. *out is the best plan,
+ * RUNNERS_UP (the search may take one of them further), each repeated
+ * while it finds something, then the winning variant again without the
+ * costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
@@ -980,7 +981,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = replan_without(p, cfg, &variants[bv], &best);
     /* a plan found again has not been searched yet */
     if (!rc && best->predicted_iter_ns < before)
-      rc = cap__plan_improve(best, p, cfg, tries / 2);
+      rc = search_repeated(best, p, cfg, tries / 2);
   }
   if (rc) {
     cap_plan_destroy(best);
