@@ -42,10 +42,8 @@
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 #define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
-/* Profiles under SMALL_OPS get TRIES_OPS / n_ops times the tries (up to
- * 4x) and the search repeated while it helps; bert_large (3341 ops, whose
- * planning time at 50 % is bounded) keeps the plain search. */
-#define SMALL_OPS 3000u
+/* Profiles under CAP__SMALL_OPS get TRIES_OPS / n_ops times the tries (up
+ * to 4x) and the search repeated while it helps. */
 #define TRIES_OPS 4000u
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 
@@ -913,10 +911,10 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return rc;
 }
 
-/* The local search with `tries`, then (on profiles under SMALL_OPS) again
- * with half as many each time while a pass finds something: a kept change opens others (a merged
- * replay, an exchanged swap move the copies and the memory the next moves
- * see). */
+/* The local search with `tries`, then (on profiles under CAP__SMALL_OPS)
+ * again with half as many each time while a pass finds something: a kept
+ * change opens others (a merged replay, an exchanged swap move the copies
+ * and the memory the next moves see). */
 static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
                            const cap_plan_config_t *cfg, uint32_t tries) {
   int rc = 0;
@@ -924,7 +922,7 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
     int64_t before = plan->predicted_iter_ns;
     rc = cap__plan_improve(plan, p, cfg, t);
     if (plan->predicted_iter_ns >= before || t / 2 < SEARCH_MIN_TRIES ||
-        p->n_ops >= SMALL_OPS)
+        p->n_ops >= CAP__SMALL_OPS)
       break;
   }
   return rc;
@@ -965,7 +963,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   uint32_t tries = IMPROVE_TRIES;
   if (p->n_ops > PORTFOLIO_FULL_OPS)
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
-  else if (p->n_ops < SMALL_OPS)
+  else if (p->n_ops < CAP__SMALL_OPS)
     tries = (uint32_t)((uint64_t)tries * TRIES_OPS / (p->n_ops + 1));
   if (tries > 4 * IMPROVE_TRIES)
     tries = 4 * IMPROVE_TRIES;

@@ -228,6 +228,12 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                           int64_t stall_ns, int64_t step_ns, uint32_t *tt,
                           uint32_t *ta);
 
+/* Profiles shorter than this get the whole local search (more tries, the
+ * search repeated, the moves on pairs of actions); bert_large (3341 ops),
+ * whose planning time at 50 % is bounded, and longer profiles the plain
+ * one. */
+#define CAP__SMALL_OPS 3000u
+
 /* Local search on a plan that fits cfg->budget_bytes: tries its costliest
  * replays (at most max_tries) as just-in-time swaps, leaves out costly
  * evictions, starts late prefetches earlier by their lateness, gives

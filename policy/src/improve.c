@@ -84,9 +84,8 @@ static void make_swap(cap_action_t *a, const cap_profile_t *p,
   a->flags = 0;
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
-  if (cap__earlier_trigger(p, a,
-                           cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
-                           cfg->trigger_margin_ns, &tt, &ta)) {
+  int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
+  if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
     a->prefetch_tensor = tt;
     a->prefetch_access = ta;
   }
@@ -347,7 +346,8 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
                               uint32_t bi) {
   const cap_action_t *b = &plan->actions[bi];
   uint32_t out = cap_profile_access_op(p, b->tensor, b->evict_after_access);
-  uint32_t back = cap_profile_access_op(p, b->tensor, b->evict_after_access + 1);
+  uint32_t back =
+      cap_profile_access_op(p, b->tensor, b->evict_after_access + 1);
   const uint32_t *y = cap_action_recompute_ops(plan, b);
   uint32_t best = CAP_NONE, best_back = 0;
   int64_t best_ns = 0;
@@ -355,7 +355,8 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
     const cap_action_t *a = &plan->actions[i];
     if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute)
       continue;
-    uint32_t ab = cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+    uint32_t ab =
+        cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
     if (ab <= out || ab >= back)
       continue;
     int64_t ns = shared_ns(p, cap_action_recompute_ops(plan, a), a->n_recompute,
@@ -432,7 +433,8 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
 static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
                       const cap_action_t *a, int64_t *ns) {
   uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
-  uint32_t back = cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  uint32_t back =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
   *ns = -1;
   int rc = cap__lineage(l, p, a->tensor, out, back, NULL, EXCHANGE_MAX_OPS);
   if (rc == CAP_ENOENT)
@@ -558,6 +560,9 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
     return 0;
+  /* the moves on pairs of actions scan the plan for partners: on short
+   * profiles only, where planning time is to spare */
+  uint32_t pair_tries = p->n_ops < CAP__SMALL_OPS ? max_tries : 0;
   int rc = search(plan, p, cfg, TO_SWAP, max_tries);
   if (!rc)
     rc = search(plan, p, cfg, DROP, max_tries / 8);
@@ -565,9 +570,9 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
-  if (!rc)
-    rc = share_replays(plan, p, cfg, max_tries);
-  if (!rc)
-    rc = exchange(plan, p, cfg, max_tries);
+  if (!rc && pair_tries)
+    rc = share_replays(plan, p, cfg, pair_tries);
+  if (!rc && pair_tries)
+    rc = exchange(plan, p, cfg, pair_tries);
   return rc;
 }

@@ -157,15 +157,20 @@ static void test_saved_list_counted_once(void) {
   rc = rc ? rc : cap_profile_add_tensor(p, A, 100 * MB, CAP_KIND_ACTIVATION);
   for (uint32_t i = 4; i < 7 && !rc; i++)
     rc = cap_profile_add_tensor(p, i, 1 * MB, CAP_KIND_ACTIVATION);
-  rc = rc ? rc : cap_profile_add_op(p, 0, 0, 1000 * US, "aten.mm.default", &W, 1, xz, 2);
-  rc = rc ? rc : cap_profile_add_op(p, 1, 1000 * US, 1020 * US, "aten.mm.default", &X, 1, &A, 1);
+  rc = rc ? rc : cap_profile_add_op(p, 0, 0, 1000 * US,
+                                    "aten.mm.default", &W, 1, xz, 2);
+  rc = rc ? rc : cap_profile_add_op(p, 1, 1000 * US, 1020 * US,
+                                    "aten.mm.default", &X, 1, &A, 1);
   rc = rc ? rc : cap_profile_add_free(p, 1020 * US, X);
-  rc = rc ? rc : cap_profile_add_op(p, 2, 1020 * US, 2020 * US, "aten.mul.Tensor", &W, 1, &t2, 1);
+  rc = rc ? rc : cap_profile_add_op(p, 2, 1020 * US, 2020 * US,
+                                    "aten.mul.Tensor", &W, 1, &t2, 1);
   rc = rc ? rc : cap_profile_add_free(p, 2020 * US, t2);
-  rc = rc ? rc : cap_profile_add_op(p, 3, 2020 * US, 2030 * US, "aten.relu.default", &A, 1, &t3, 1);
+  rc = rc ? rc : cap_profile_add_op(p, 3, 2020 * US, 2030 * US,
+                                    "aten.relu.default", &A, 1, &t3, 1);
   rc = rc ? rc : cap_profile_add_free(p, 2030 * US, A);
   rc = rc ? rc : cap_profile_add_free(p, 2030 * US, t3);
-  rc = rc ? rc : cap_profile_add_op(p, 4, 2030 * US, 2040 * US, "aten.relu.default", &Z, 1, &t4, 1);
+  rc = rc ? rc : cap_profile_add_op(p, 4, 2030 * US, 2040 * US,
+                                    "aten.relu.default", &Z, 1, &t4, 1);
   rc = rc ? rc : cap_profile_add_free(p, 2040 * US, Z);
   rc = rc ? rc : cap_profile_add_free(p, 2040 * US, t4);
   rc = rc ? rc : cap_profile_finish(p);
