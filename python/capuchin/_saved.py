@@ -107,7 +107,7 @@ class SavedTensors:
             # (a 0-dim tensor may be a wrapped Python number: autograd must
             # get it back as it is)
             return t
-        st = m._tensors.lookup(t)
+        st = m._storage_of(t)
         if st is None or st.ident.persistent or st.buf is not None:
             return t
         ident = st.ident
@@ -141,7 +141,7 @@ class SavedTensors:
                 raise RuntimeError("capuchin: CAPUCHIN_VERIFY: tensor %d came "
                                    "back with other contents" % h.ident.id)
             v = view_on(st.buf, h.meta)
-            m._tensors._track(v, st)
+            m._tensors.track(v, st)
             return v
         finally:
             m._internal = prev

@@ -85,12 +85,12 @@ class Tensors:
         if st is not None:
             d = t.__dict__
             if d.get("_cap_st") is not st:
-                self._track(t, st)
+                self.track(t, st)
             elif d.get("_cap_dp") != dp:
                 t._cap_dp = dp  # a new offset on the same storage
         return st
 
-    def _track(self, t, st):
+    def track(self, t, st):
         # _cap_st and _cap_dp: the client's per-op path (op_path.c) takes
         # the id from them while t's data_ptr() is still _cap_dp.
         try:
@@ -138,7 +138,7 @@ class Tensors:
         self.by_ptr[ptr] = st
         ident.storages.append(st)
         if buf is None:
-            self._track(t, st)
+            self.track(t, st)
         return st
 
     def drop_ident(self, ident):

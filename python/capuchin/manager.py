@@ -476,6 +476,8 @@ class Manager:
                     self.warn_once("resizable", "a weight's storage became "
                                    "shared with NumPy: it stays on the device")
         self._saved.reap()
+        if self.client is not None:
+            self.client.report_frees()
         pend = self._tensors.pending_frees
         if not pend:
             return
@@ -505,6 +507,7 @@ class Manager:
         keeps) leave the client now: the next step's i-th storage must get
         the id the i-th got before, not a new one because an old tensor
         still holds it. If the next step uses one, it is adopted again."""
+        self.client.disown()
         for tid, ident in list(self._idents.items()):
             if ident.persistent:
                 continue
@@ -518,7 +521,8 @@ class Manager:
                 pass
 
     def _id_of(self, t):
-        """The id of t's storage, adopting a storage seen the first time."""
+        """The id of t's storage, adopting a storage seen the first time
+        (in a reported step into the client's own table, storages.c)."""
         st = self._tensors.lookup(t)
         if st is not None:
             return st.ident.id
@@ -526,20 +530,34 @@ class Manager:
             return None
         if self.device is None:
             self.device = t.device
-        nbytes = storage_nbytes(t)
-        if self._probe:
-            ident = Ident(-1, nbytes, False)
-            self._probe_events.append((ident, nbytes))
-            self._live_bytes += nbytes
-            if self._live_bytes > self._peak_bytes:
-                self._peak_bytes = self._live_bytes
-        ptr = storage_base(t)
         if not self._probe:
-            cid = self.client.adopt(nbytes, ptr)
-            ident = Ident(cid, nbytes, False)
-            self._idents[cid] = ident
-        self._tensors.add(t, ident, ptr=ptr)
+            return self.client.track(t)
+        nbytes = storage_nbytes(t)
+        ident = Ident(-1, nbytes, False)
+        self._probe_events.append((ident, nbytes))
+        self._live_bytes += nbytes
+        if self._live_bytes > self._peak_bytes:
+            self._peak_bytes = self._live_bytes
+        self._tensors.add(t, ident)
         return ident.id
+
+    def _storage_of(self, t):
+        """The record of t's storage, taken over from the client's table
+        (storages.c) when that holds it: a saved tensor's handle keeps its
+        id alive, which the table's records cannot."""
+        st = self._tensors.lookup(t)
+        if st is not None or self.client is None:
+            return st
+        got = self.client.promote(t)
+        if got is None:
+            return None
+        tid, nbytes, ptr, objs = got
+        ident = Ident(tid, nbytes, False)
+        self._idents[tid] = ident
+        st = self._tensors.add(objs[0] if objs else t, ident, ptr=ptr)
+        for o in objs[1:]:
+            self._tensors.track(o, st)
+        return self._tensors.lookup(t)
 
     # The per-op path: in a reported step the mode's handler is the client's
     # dispatch (C, python/src/op_path.c), which reports an ordinary op
@@ -766,6 +784,8 @@ class Manager:
         if addr is None:
             return None
         base = self._tensors.tensor_at(addr)
+        if base is None:
+            base = self.client.light_tensor(addr)
         if base is None:
             return None
         if base.dtype != torch.uint8 or base.dim() != 1 or base.storage_offset() != 0:
