@@ -184,7 +184,8 @@ class Manager:
         self._internal_ = False     # the adapter's own tensor ops: not reported
         self._probe = False
         self._tensors = Tensors(None)
-        self._idents = {}           # client id -> Ident
+        self._idents = {}           # client id -> Ident of a persistent storage
+                                    # (transient ones: the client's table, storages.c)
         self._ops = {}              # seq -> _Op of this iteration (the ops
                                     # a recompute list may replay)
         self._diverged_run = 0      # guided steps in a row that left the
@@ -486,39 +487,26 @@ class Manager:
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
+            probe = self._probe or ident.id < 0
+            if not probe and self._idents.get(ident.id) is not ident:
+                # A buffer's own record (_saved.alloc): the client releases
+                # the buffer when it is done with it, not before.
+                continue
             for buf in self._tensors.drop_ident(ident):
                 self._saved.bury(buf)
-            self._saved.forget(ident)
-            if self._probe or ident.id < 0:
+            if probe:
                 self._live_bytes -= ident.nbytes
                 self._probe_events.append((ident, -ident.nbytes))
-                continue
-            if self._idents.get(ident.id) is not ident:
-                continue  # disowned at a step's end; the id may be another's now
-            del self._idents[ident.id]
-            if self.client is not None and not ident.persistent:
-                try:
-                    self.client.free(ident.id)
-                except _client.Error:
-                    pass  # already gone from the client's view
+            else:
+                del self._idents[ident.id]  # a weight no tensor holds any more
 
     def _disown_survivors(self):
         """Transient storages that outlive the step (the loss the caller
         keeps) leave the client now: the next step's i-th storage must get
         the id the i-th got before, not a new one because an old tensor
-        still holds it. If the next step uses one, it is adopted again."""
+        still holds it. If the next step uses one, it is adopted again.
+        (The client's table holds them all, storages.c.)"""
         self.client.disown()
-        for tid, ident in list(self._idents.items()):
-            if ident.persistent:
-                continue
-            del self._idents[tid]
-            for buf in self._tensors.drop_ident(ident):
-                self._saved.bury(buf)
-            self._saved.forget(ident)
-            try:
-                self.client.free(tid)
-            except _client.Error:
-                pass
 
     def _id_of(self, t):
         """The id of t's storage, adopting a storage seen the first time
@@ -540,24 +528,6 @@ class Manager:
             self._peak_bytes = self._live_bytes
         self._tensors.add(t, ident)
         return ident.id
-
-    def _storage_of(self, t):
-        """The record of t's storage, taken over from the client's table
-        (storages.c) when that holds it: a saved tensor's handle keeps its
-        id alive, which the table's records cannot."""
-        st = self._tensors.lookup(t)
-        if st is not None or self.client is None:
-            return st
-        got = self.client.promote(t)
-        if got is None:
-            return None
-        tid, nbytes, ptr, objs = got
-        ident = Ident(tid, nbytes, False)
-        self._idents[tid] = ident
-        st = self._tensors.add(objs[0] if objs else t, ident, ptr=ptr)
-        for o in objs[1:]:
-            self._tensors.track(o, st)
-        return self._tensors.lookup(t)
 
     # The per-op path: in a reported step the mode's handler is the client's
     # dispatch (C, python/src/op_path.c), which reports an ordinary op
@@ -590,7 +560,8 @@ class Manager:
                                self.device.type == "cuda"))
 
     def _attach(self):
-        """Give the client's dispatch what it needs of this adapter."""
+        """Give the client's dispatch what it needs of this adapter (the
+        last: the ops that always take the Python path, op_path.c says why)."""
         t = self._tensors
         self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
                                 (t.pending_frees, t.give_up, self._saved.graveyard),

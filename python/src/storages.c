@@ -16,11 +16,12 @@
  * the frees are reported at the next op boundary (the callback may run
  * inside a client callback, and the client must not be re-entered there).
  *
- * The Python side takes a storage over (promote) when it needs a record
- * of its own: a saved tensor's handle, which holds the id. It finds a
- * tensor on a storage of the table by address for a recompute
- * (light_tensor). At a step's end the storages still alive leave the
- * client (disown), as the Python side's do.
+ * A saved tensor's handle keeps the id alive with a Hold (hold), after
+ * its storage may have gone to the host: the record leaves the address
+ * map when its last object goes, and its free is due when its last Hold
+ * goes too. The Python side finds a tensor on a storage of the table by
+ * address for a recompute (light_tensor). At a step's end the storages
+ * still alive leave the client (disown), as the Python side's do.
  */
 #include "client_object.h" /* Python.h first, as CPython requires */
 
@@ -30,6 +31,12 @@ struct cap_py_storage {
   uint64_t base, nbytes;
   uint32_t id;
   struct storage_ref *refs; /* the tensor objects on it: references owned */
+  uint32_t holds;           /* Hold objects (saved tensors' handles) */
+  int mapped;               /* in the table's address map (an object is on
+                               it: its memory cannot be reused) */
+  int orphan;               /* the table let it go (a step's end, close):
+                               only its holds keep the record */
+  cap_py_storage_t *prev, *next; /* tab->held while held and unmapped */
 };
 
 typedef struct storage_ref {
@@ -142,6 +149,52 @@ static int add_dead(cap_py_storages_t *tab, uint32_t id) {
   return 0;
 }
 
+static void held_link(cap_py_storages_t *tab, cap_py_storage_t *s) {
+  s->prev = NULL;
+  s->next = tab->held;
+  if (tab->held)
+    tab->held->prev = s;
+  tab->held = s;
+}
+
+static void held_unlink(cap_py_storages_t *tab, cap_py_storage_t *s) {
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    tab->held = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+}
+
+/* s lost a tensor object or a hold. Once no object is on it, it leaves
+ * the address map (its memory may be reused; a held id's bytes are the
+ * client's business now); once nothing holds it either, its free is due. */
+static void settle(cap_py_storages_t *tab, cap_py_storage_t *s) {
+  if (s->refs)
+    return;
+  if (s->orphan) {
+    if (!s->holds)
+      free(s);
+    return;
+  }
+  if (s->mapped) {
+    take_out(tab, s);
+    s->mapped = 0;
+    if (s->holds) {
+      held_link(tab, s);
+      return;
+    }
+  } else if (s->holds) {
+    return;
+  } else {
+    held_unlink(tab, s);
+  }
+  /* (out of memory: the free is not reported; the client keeps counting
+   * the bytes, which only makes its budget tighter) */
+  (void)add_dead(tab, s->id);
+  free(s);
+}
+
 /* The callback of a StorageRef whose tensor object died. */
 static PyObject *ref_dead(PyObject *unused, PyObject *ref) {
   (void)unused;
@@ -158,34 +211,13 @@ static PyObject *ref_dead(PyObject *unused, PyObject *ref) {
   if (r->next)
     r->next->prev = r->prev;
   r->st = NULL;
-  if (!s->refs) {
-    /* (out of memory: the free is not reported; the client keeps counting
-     * the bytes, which only makes its budget tighter) */
-    (void)add_dead(r->tab, s->id);
-    take_out(r->tab, s);
-    free(s);
-  }
+  settle(r->tab, s);
   Py_DECREF(ref); /* the table's reference: last use of r */
   Py_RETURN_NONE;
 }
 
 static PyMethodDef ref_dead_def = {"_storage_ref_dead", ref_dead, METH_O,
                                    NULL};
-
-int cap_py_storages_ready(void) {
-  StorageRefType.tp_base = &_PyWeakref_RefType;
-  if (PyType_Ready(&StorageRefType) < 0)
-    return -1;
-  on_dead = PyCFunction_New(&ref_dead_def, NULL);
-  s_data_ptr = PyUnicode_InternFromString("data_ptr");
-  s_storage_offset = PyUnicode_InternFromString("storage_offset");
-  s_element_size = PyUnicode_InternFromString("element_size");
-  s_nbytes = PyUnicode_InternFromString("nbytes");
-  return on_dead && s_data_ptr && s_storage_offset && s_element_size &&
-                 s_nbytes
-             ? 0
-             : -1;
-}
 
 /* --- tensor objects ---------------------------------------------------------- */
 
@@ -304,13 +336,21 @@ static cap_py_storage_t *adopt(ClientObject *self, uint64_t base,
   }
   s->base = base;
   s->nbytes = nbytes;
+  s->mapped = 1;
   put(tab, s);
   return s;
 }
 
-long cap_py_storages_track(ClientObject *self, PyObject *t, PyObject *theirs) {
+/* What cap_py_storages_track does, giving the record too (*out). */
+static long track_storage(ClientObject *self, PyObject *t, PyObject *theirs,
+                          cap_py_storage_t **out) {
   cap_py_storages_t *tab = &self->storages;
   uint64_t dp, base, nbytes = 0;
+  storage_ref_t *had = ref_on(t, &dp);
+  if (had) {
+    *out = had->st;
+    return had->st->id;
+  }
   if (addresses(t, &dp, &base) < 0) {
     PyErr_Clear();
     return -1; /* no storage: not managed */
@@ -338,7 +378,13 @@ long cap_py_storages_track(ClientObject *self, PyObject *t, PyObject *theirs) {
     return -3;
   }
   link_ref(s, r);
+  *out = s;
   return s->id;
+}
+
+long cap_py_storages_track(ClientObject *self, PyObject *t, PyObject *theirs) {
+  cap_py_storage_t *s;
+  return track_storage(self, t, theirs, &s);
 }
 
 void cap_py_storages_report_frees(ClientObject *self) {
@@ -355,23 +401,33 @@ void cap_py_storages_report_frees(ClientObject *self) {
   tab->n_dead = 0;
 }
 
+/* s leaves the table: its id goes to the dead list when free_id is set;
+ * a held one stays for its holds. */
+static void let_go(cap_py_storages_t *tab, cap_py_storage_t *s, int free_id) {
+  if (free_id)
+    (void)add_dead(tab, s->id);
+  drop_refs(s);
+  s->orphan = 1;
+  if (!s->holds)
+    free(s);
+}
+
 /* Every storage leaves the table; their ids go to the dead list when
- * free is set. */
+ * free_ids is set. */
 static void empty_table(cap_py_storages_t *tab, int free_ids) {
   cap_py_storage_t **slots = tab->slots;
   uint32_t cap = tab->cap;
   tab->slots = NULL;
   tab->cap = tab->n = 0;
-  for (uint32_t i = 0; i < cap; i++) {
-    cap_py_storage_t *s = slots[i];
-    if (!s)
-      continue;
-    if (free_ids)
-      (void)add_dead(tab, s->id);
-    drop_refs(s);
-    free(s);
-  }
+  for (uint32_t i = 0; i < cap; i++)
+    if (slots[i])
+      let_go(tab, slots[i], free_ids);
   free(slots);
+  while (tab->held) {
+    cap_py_storage_t *s = tab->held;
+    tab->held = s->next;
+    let_go(tab, s, free_ids);
+  }
 }
 
 void cap_py_storages_clear(ClientObject *self) {
@@ -403,41 +459,61 @@ static PyObject *Client_track(ClientObject *self, PyObject *t) {
   return PyLong_FromLong(id);
 }
 
-/* promote(tensor) -> (id, nbytes, address, [tensor objects]) or None: t's
- * storage leaves the table for the Python side's, with the tensor objects
- * the table tracked on it. */
-static PyObject *Client_promote(ClientObject *self, PyObject *t) {
-  uint64_t dp, base;
-  if (addresses(t, &dp, &base) < 0) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  if (!find(&self->storages, base))
-    Py_RETURN_NONE;
-  PyObject *objs = PyList_New(0);
-  /* (that allocation may have run the collector: look again) */
-  cap_py_storage_t *s = objs ? find(&self->storages, base) : NULL;
-  if (!s) {
-    Py_XDECREF(objs);
-    Py_RETURN_NONE;
-  }
-  take_out(&self->storages, s);
-  uint32_t id = s->id;
-  uint64_t nbytes = s->nbytes;
-  int ok = 1;
-  for (storage_ref_t *r = s->refs; ok && r; r = r->next) {
-    PyObject *o = PyWeakref_GET_OBJECT((PyObject *)r);
-    ok = o == Py_None || PyList_Append(objs, o) == 0;
-  }
-  drop_refs(s);
-  free(s);
-  if (!ok) { /* (out of memory: the id is given up) */
-    (void)add_dead(&self->storages, id);
-    Py_DECREF(objs);
+/* A Hold keeps the id of a storage of the table alive: a saved tensor's
+ * handle has one, and so has the tensor unpack makes of it, while the
+ * storage itself may be gone to the host. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *client;
+  cap_py_storage_t *st;
+} hold_t;
+
+static void Hold_dealloc(hold_t *h) {
+  cap_py_storage_t *s = h->st;
+  s->holds--;
+  settle(&((ClientObject *)h->client)->storages, s);
+  Py_DECREF(h->client);
+  PyObject_Free(h);
+}
+
+static PyObject *Hold_id(hold_t *h, void *unused) {
+  (void)unused;
+  return PyLong_FromUnsignedLong(h->st->id);
+}
+
+static PyGetSetDef Hold_getset[] = {
+    {"id", (getter)Hold_id, NULL, "the tensor id", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HoldType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capuchin._client.Hold",
+    .tp_basicsize = sizeof(hold_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Hold_dealloc,
+    .tp_getset = Hold_getset,
+    .tp_doc = "keeps a tensor id of the per-op path's table alive",
+};
+
+/* hold(tensor) -> Hold or None: t's storage (adopted if new) keeps its id
+ * while the Hold lives. */
+static PyObject *Client_hold(ClientObject *self, PyObject *t) {
+  if (check_open(self) < 0)
     return NULL;
-  }
-  return Py_BuildValue("(IKKN)", id, (unsigned long long)nbytes,
-                       (unsigned long long)base, objs);
+  cap_py_storage_t *s;
+  long id = track_storage(self, t, NULL, &s);
+  if (id == -3)
+    return NULL;
+  if (id < 0)
+    Py_RETURN_NONE;
+  /* (s cannot go meanwhile: t, alive, is on it) */
+  hold_t *h = PyObject_New(hold_t, &HoldType);
+  if (!h)
+    return NULL;
+  h->client = Py_NewRef((PyObject *)self);
+  h->st = s;
+  s->holds++;
+  return (PyObject *)h;
 }
 
 /* light_tensor(address) -> a live tensor object on the table's storage at
@@ -474,8 +550,8 @@ static PyObject *Client_disown(ClientObject *self, PyObject *unused) {
 PyMethodDef cap_py_storages_methods[] = {
     {"track", (PyCFunction)Client_track, METH_O,
      "track(tensor) -> id or None: adopts a transient storage"},
-    {"promote", (PyCFunction)Client_promote, METH_O,
-     "promote(tensor) -> (id, nbytes, address, [tensors]) or None"},
+    {"hold", (PyCFunction)Client_hold, METH_O,
+     "hold(tensor) -> Hold or None: keeps the id of t's storage alive"},
     {"light_tensor", (PyCFunction)Client_light_tensor, METH_O,
      "light_tensor(address) -> a tensor on the table's storage there, or None"},
     {"report_frees", (PyCFunction)Client_report_frees, METH_NOARGS,
@@ -484,3 +560,18 @@ PyMethodDef cap_py_storages_methods[] = {
      "disown(): every storage of the table leaves the client (a step's end)"},
     {NULL, NULL, 0, NULL},
 };
+
+int cap_py_storages_ready(void) {
+  StorageRefType.tp_base = &_PyWeakref_RefType;
+  if (PyType_Ready(&StorageRefType) < 0 || PyType_Ready(&HoldType) < 0)
+    return -1;
+  on_dead = PyCFunction_New(&ref_dead_def, NULL);
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_storage_offset = PyUnicode_InternFromString("storage_offset");
+  s_element_size = PyUnicode_InternFromString("element_size");
+  s_nbytes = PyUnicode_InternFromString("nbytes");
+  return on_dead && s_data_ptr && s_storage_offset && s_element_size &&
+                 s_nbytes
+             ? 0
+             : -1;
+}

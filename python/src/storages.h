@@ -14,7 +14,9 @@ typedef struct cap_py_storage cap_py_storage_t;
 typedef struct {
   cap_py_storage_t **slots; /* open addressing by storage address */
   uint32_t cap, n;
-  uint32_t *dead; /* ids whose last tensor object went: frees to report */
+  cap_py_storage_t *held; /* held ids no tensor object is on any more */
+  uint32_t *dead; /* ids whose last tensor object and hold went: frees to
+                     report */
   uint32_t n_dead, cap_dead;
 } cap_py_storages_t;
 
