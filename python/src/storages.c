@@ -366,13 +366,24 @@ static long track_storage(ClientObject *self, PyObject *t, PyObject *theirs,
     if (known)
       return known < 0 ? -3 : -2;
   }
-  if (!find(tab, base) && storage_nbytes(t, &nbytes) < 0)
-    return -3;
+  int sized = 0;
+  if (!find(tab, base)) {
+    if (storage_nbytes(t, &nbytes) < 0)
+      return -3;
+    sized = 1;
+  }
   storage_ref_t *r = new_ref(tab, t, dp);
   if (!r)
     return -3;
-  /* (no allocation of Python objects from here on) */
   cap_py_storage_t *s = find(tab, base);
+  if (!s && !sized) { /* the collector let it go meanwhile */
+    if (storage_nbytes(t, &nbytes) < 0) {
+      Py_DECREF(r);
+      return -3;
+    }
+    s = find(tab, base);
+  }
+  /* (no allocation of Python objects from here on) */
   if (!s && !(s = adopt(self, base, nbytes))) {
     Py_DECREF(r);
     return -3;
