@@ -12,6 +12,12 @@ the tensor was freed. Frees are queued and reported between ops: they are
 noticed by garbage collection, which may run inside a client callback, and
 the client must not be re-entered from there.
 
+In a reported step the transient storages (activations, gradients of the
+step, temporaries) are the client's own table's, in C (python/src/
+storages.c), which keeps these rules for them. The table here holds the
+probe's storages, the persistent ones (weights, optimizer state) and the
+buffers the client brings a tensor back in.
+
 Weights and optimizer state (persistent storages) that a plan evicts give
 their memory up: the storage is resized to 0 bytes, the tensor objects on
 it stay, and it is found by the storage object itself (gone) until it is
