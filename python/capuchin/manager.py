@@ -510,16 +510,19 @@ class Manager:
 
     def _id_of(self, t):
         """The id of t's storage, adopting a storage seen the first time
-        (in a reported step into the client's own table, storages.c)."""
+        (in a reported step into the client's own table, storages.c, which
+        says when the storage is one of this side's: a weight, a buffer)."""
+        if not self._probe:
+            tid = self.client.track(t)
+            if tid is not False:
+                return tid
         st = self._tensors.lookup(t)
         if st is not None:
             return st.ident.id
-        if t.layout != torch.strided or t.data_ptr() == 0:
+        if not self._probe or t.layout != torch.strided or t.data_ptr() == 0:
             return None
         if self.device is None:
             self.device = t.device
-        if not self._probe:
-            return self.client.track(t)
         nbytes = storage_nbytes(t)
         ident = Ident(-1, nbytes, False)
         self._probe_events.append((ident, nbytes))

@@ -457,14 +457,18 @@ static int check_open(ClientObject *self) {
   return -1;
 }
 
-/* track(tensor) -> id or None: the id of t's storage, adopted when the
- * table does not hold it (the Python side looked in its own first). */
+/* track(tensor) -> id, None or False: the id of t's storage, adopted when
+ * the table does not hold it, as the op path finds it; None: t has no
+ * storage; False: the storage is the Python side's (its table, given to
+ * set_op_path, has the address, or the data pointer is null). */
 static PyObject *Client_track(ClientObject *self, PyObject *t) {
   if (check_open(self) < 0)
     return NULL;
-  long id = cap_py_storages_track(self, t, NULL);
+  long id = cap_py_storages_track(self, t, self->by_ptr);
   if (id == -3)
     return NULL;
+  if (id == -2)
+    Py_RETURN_FALSE;
   if (id < 0)
     Py_RETURN_NONE;
   return PyLong_FromLong(id);
@@ -560,7 +564,8 @@ static PyObject *Client_disown(ClientObject *self, PyObject *unused) {
 
 PyMethodDef cap_py_storages_methods[] = {
     {"track", (PyCFunction)Client_track, METH_O,
-     "track(tensor) -> id or None: adopts a transient storage"},
+     "track(tensor) -> id, None or False (the Python side's): adopts a "
+     "transient storage"},
     {"hold", (PyCFunction)Client_hold, METH_O,
      "hold(tensor) -> Hold or None: keeps the id of t's storage alive"},
     {"light_tensor", (PyCFunction)Client_light_tensor, METH_O,
