@@ -34,13 +34,12 @@ from ._tensors import Ident, bytes_of, meta_of, storage_base, view_on
 
 
 class _Handle:
-    __slots__ = ("hold", "t", "meta", "ptr", "hash", "owner", "__weakref__")
+    __slots__ = ("hold", "t", "meta", "hash", "owner", "__weakref__")
 
     def __init__(self, hold, t, owner):
         self.hold = hold    # keeps the id alive (the client's Hold)
         self.t = t
-        self.meta = meta_of(t)
-        self.ptr = storage_base(t)
+        self.meta = None    # t's view, taken when t is let go (release)
         self.hash = None
         self.owner = owner
 
@@ -105,11 +104,10 @@ class SavedTensors:
             # (a 0-dim tensor may be a wrapped Python number: autograd must
             # get it back as it is)
             return t
-        if m._tensors.lookup(t) is not None:
-            return t  # a weight, or on a buffer the adapter allocated
         hold = m.client.hold(t)
         if hold is None:
-            return t
+            return t  # a weight, or on a buffer the adapter allocated
+
         h = _Handle(hold, t, self)
         self.handles.setdefault(hold.id, []).append(weakref.ref(h))
         return h
@@ -191,8 +189,9 @@ class SavedTensors:
         try:
             for r in self.handles.get(tid, ()):
                 h = r()
-                if h is None or h.t is None or h.ptr != addr:
+                if h is None or h.t is None or storage_base(h.t) != addr:
                     continue
+                h.meta = meta_of(h.t)
                 if m.verify:
                     h.hash = _hash(h.t)
                 h.t = None

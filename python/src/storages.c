@@ -511,12 +511,13 @@ static PyTypeObject HoldType = {
 };
 
 /* hold(tensor) -> Hold or None: t's storage (adopted if new) keeps its id
- * while the Hold lives. */
+ * while the Hold lives; None for a storage of the Python side's (a weight,
+ * a buffer) or none. */
 static PyObject *Client_hold(ClientObject *self, PyObject *t) {
   if (check_open(self) < 0)
     return NULL;
   cap_py_storage_t *s;
-  long id = track_storage(self, t, NULL, &s);
+  long id = track_storage(self, t, self->by_ptr, &s);
   if (id == -3)
     return NULL;
   if (id < 0)
