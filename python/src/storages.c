@@ -226,7 +226,7 @@ static PyObject *call0(PyObject *obj, PyObject *name) {
                                    1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* obj.name() as an unsigned 64-bit value; 0 on errors (set). */
+/* obj.name() as an unsigned 64-bit value: 0, or -1 with an error set. */
 static int call_u64(PyObject *obj, PyObject *name, uint64_t *v) {
   PyObject *r = call0(obj, name);
   if (!r)
@@ -400,8 +400,12 @@ long cap_py_storages_track(ClientObject *self, PyObject *t, PyObject *theirs) {
 
 void cap_py_storages_report_frees(ClientObject *self) {
   cap_py_storages_t *tab = &self->storages;
-  /* a free's release callback runs Python, whose collector may add to the
-   * list meanwhile */
+  /* A free's release callback runs Python, whose collector may add to the
+   * list meanwhile (this loop reports those too), and which must not
+   * report the list again. */
+  if (tab->reporting)
+    return;
+  tab->reporting = 1;
   for (uint32_t i = 0; i < tab->n_dead; i++) {
     if (self->c)
       (void)cap_client_free(self->c, tab->dead[i]); /* (a refused one is
@@ -410,6 +414,7 @@ void cap_py_storages_report_frees(ClientObject *self) {
       PyErr_Clear();
   }
   tab->n_dead = 0;
+  tab->reporting = 0;
 }
 
 /* s leaves the table: its id goes to the dead list when free_id is set;

@@ -18,6 +18,7 @@ typedef struct {
   uint32_t *dead; /* ids whose last tensor object and hold went: frees to
                      report */
   uint32_t n_dead, cap_dead;
+  int reporting; /* the frees are being reported */
 } cap_py_storages_t;
 
 #endif /* CAPUCHIN_PY_STORAGES_H */
