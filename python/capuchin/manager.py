@@ -75,19 +75,22 @@ _FUNC_INFO = {}  # op -> (name, consumes random numbers)
 _SEQ = (list, tuple)
 
 
-def _flatten(args, kwargs):
+def _flatten(args, kwargs, spec_needed):
     """The leaves of an op's arguments and how to rebuild them (None: the
-    leaves are the positional arguments, as for most ops; tree_flatten
-    costs several microseconds)."""
-    if not kwargs:
-        for a in args:
-            if isinstance(a, _SEQ) and any(isinstance(e, torch.Tensor) for e in a):
-                break
-            if isinstance(a, dict):
-                break
-        else:
-            return list(args), None
-    return tree_flatten((args, kwargs))
+    leaves are the positional arguments, as for most ops, or the caller has
+    no use for it: then the keyword values follow, in tree_flatten's order).
+    tree_flatten costs several microseconds: only for nested tensors, or
+    for keywords when the op must be rebuilt (a replay)."""
+    if kwargs and spec_needed:
+        return tree_flatten((args, kwargs))
+    values = list(kwargs.values()) if kwargs else ()
+    for a in (args, values):
+        for e in a:
+            if isinstance(e, _SEQ) and any(isinstance(x, torch.Tensor) for x in e):
+                return tree_flatten((args, kwargs))
+            if isinstance(e, dict):
+                return tree_flatten((args, kwargs))
+    return list(args) + list(values), None
 
 
 def _run(func, args, kwargs):
@@ -618,13 +621,13 @@ class Manager:
         self._op_ran = False
         if self._tensors.pending_frees or self._saved.graveyard or self._tensors.give_up:
             self._flush_frees()
-        leaves, spec = _flatten(args, kwargs)
         probe = self._probe
         guided = self._guided and not self._diverged
         seq = 0 if probe else self.client.op_seq
         # Only ops a recompute list may replay keep their arguments (and the
         # RNG state they ran with) for the replay.
         record = guided and self.client.replayed(seq)
+        leaves, spec = _flatten(args, kwargs, record)
         if guided:
             # PyTorch allocates the op's outputs: first let the swap-outs
             # in flight release what they will take (a budget wait). Before
