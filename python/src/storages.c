@@ -55,7 +55,7 @@ static PyTypeObject StorageRefType = {
               "path's table",
 };
 
-static PyObject *on_dead;                  /* the references' callback */
+static PyObject *on_dead; /* the references' callback */
 static PyObject *s_data_ptr, *s_storage_offset, *s_element_size, *s_nbytes;
 static PyObject *s_storage; /* untyped_storage (torch >= 2), else _storage */
 
@@ -216,10 +216,9 @@ static PyObject *ref_dead(PyObject *unused, PyObject *ref) {
   Py_RETURN_NONE;
 }
 
-static PyMethodDef ref_dead_def = {"_storage_ref_dead", ref_dead, METH_O,
-                                   NULL};
+static PyMethodDef ref_dead_def = {"_storage_ref_dead", ref_dead, METH_O, NULL};
 
-/* --- tensor objects ---------------------------------------------------------- */
+/* --- tensor objects ------------------------------------------------------ */
 
 static PyObject *call0(PyObject *obj, PyObject *name) {
   return PyObject_VectorcallMethod(name, &obj,
@@ -453,7 +452,7 @@ void cap_py_storages_clear(ClientObject *self) {
   self->storages.n_dead = self->storages.cap_dead = 0;
 }
 
-/* --- the Python side's calls ----------------------------------------------- */
+/* --- the Python side's calls --------------------------------------------- */
 
 static int check_open(ClientObject *self) {
   if (self->c)
@@ -592,8 +591,7 @@ int cap_py_storages_ready(void) {
   s_storage_offset = PyUnicode_InternFromString("storage_offset");
   s_element_size = PyUnicode_InternFromString("element_size");
   s_nbytes = PyUnicode_InternFromString("nbytes");
-  return on_dead && s_data_ptr && s_storage_offset && s_element_size &&
-                 s_nbytes
+  return on_dead && s_data_ptr && s_storage_offset && s_element_size && s_nbytes
              ? 0
              : -1;
 }
