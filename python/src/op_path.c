@@ -439,10 +439,10 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
     Py_DECREF(r);
   }
   /* (Ops with keyword arguments, alpha= or dtype=, stay on the slow path,
-   * and so does detach (slow_funcs). Taking them here was tried: the
-   * tracked peaks of the test CNN's and transformer's guided steps then
-   * passed their budgets in about one run of four, against none in eight
-   * without; the cause is not found.) */
+   * and so does detach (slow_funcs). Taking them here was tried: the test
+   * CNN's and transformer's budget tests then failed in 5 of 15 runs,
+   * against about one in ten without (README, PyTorch); the cause is not
+   * found.) */
   int plain = self->on && self->c && args && PyTuple_Check(args) &&
               (!kwargs || kwargs == Py_None ||
                (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0));
