@@ -10,7 +10,8 @@
 #
 #   tests/bench/bench_placement_e2e.sh [BUILD_DIR]   (RUNS=5 SCALE=10 MODELS=...
 #                                                    ROWS_DIR=D keeps every
-#                                                    iteration's JSON line)
+#                                                    iteration's JSON line and
+#                                                    the replays' stderr)
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${1:-$src/build}/bin
@@ -38,6 +39,8 @@ printf '%-11s %-14s %5s %9s %9s %9s %8s %12s %10s %7s %6s\n' model way runs \
 for model in $models; do
   : >"$tmp/rows-placement"
   : >"$tmp/rows-headroom"
+  : >"$tmp/err-placement"
+  : >"$tmp/err-headroom"
   for r in $(seq "$runs"); do
     for way in placement headroom; do
       if [ $way = placement ]; then
@@ -47,11 +50,13 @@ for model in $models; do
       fi
       "$bin/capuchin-replay" --trace "$src/tests/data/traces/$model.trace" \
         --budget 50% --iterations 6 --socket "$tmp/d.sock" --time-scale "$scale" \
-        --json --job "bench-$model-$r" 2>/dev/null | grep '"iteration"' >>"$tmp/rows-$way"
+        --json --job "bench-$model-$r" 2>>"$tmp/err-$way" | grep '"iteration"' >>"$tmp/rows-$way"
     done
   done
-  [ -n "${ROWS_DIR:-}" ] && cp "$tmp/rows-placement" "$ROWS_DIR/$model-placement.jsonl" &&
-    cp "$tmp/rows-headroom" "$ROWS_DIR/$model-headroom.jsonl"
+  [ -n "${ROWS_DIR:-}" ] && for way in placement headroom; do
+    cp "$tmp/rows-$way" "$ROWS_DIR/$model-$way.jsonl"
+    cp "$tmp/err-$way" "$ROWS_DIR/$model-$way.err"
+  done
   for way in placement headroom; do
     /usr/bin/python3 - "$tmp/rows-$way" "$model" "$way" "$runs" <<'EOF2'
 import json, sys, statistics
