@@ -12,12 +12,6 @@ the tensor was freed. Frees are queued and reported between ops: they are
 noticed by garbage collection, which may run inside a client callback, and
 the client must not be re-entered from there.
 
-In a reported step the transient storages (activations, gradients of the
-step, temporaries) are the client's own table's, in C (python/src/
-storages.c), which keeps these rules for them. The table here holds the
-probe's storages, the persistent ones (weights, optimizer state) and the
-buffers the client brings a tensor back in.
-
 Weights and optimizer state (persistent storages) that a plan evicts give
 their memory up: the storage is resized to 0 bytes, the tensor objects on
 it stay, and it is found by the storage object itself (gone) until it is
@@ -91,12 +85,12 @@ class Tensors:
         if st is not None:
             d = t.__dict__
             if d.get("_cap_st") is not st:
-                self.track(t, st)
+                self._track(t, st)
             elif d.get("_cap_dp") != dp:
                 t._cap_dp = dp  # a new offset on the same storage
         return st
 
-    def track(self, t, st):
+    def _track(self, t, st):
         # _cap_st and _cap_dp: the client's per-op path (op_path.c) takes
         # the id from them while t's data_ptr() is still _cap_dp.
         try:
@@ -144,7 +138,7 @@ class Tensors:
         self.by_ptr[ptr] = st
         ident.storages.append(st)
         if buf is None:
-            self.track(t, st)
+            self._track(t, st)
         return st
 
     def drop_ident(self, ident):

@@ -100,14 +100,11 @@ def build(name, seed=0, small_batch_at=None):
 
 
 def train_step(model, opt, x, y):
-    """One iteration: the loss and every gradient, as bytes, so that the
-    step leaves no tensor of its own behind. A gradient is cloned before
-    NumPy reads it: .numpy() on the gradient itself would share its storage
-    with NumPy, which PyTorch then never lets be resized, so that the
-    adapter could not give it up where a plan evicts it (README, PyTorch)."""
+    """One iteration: the loss and every gradient, as bytes (copied out by
+    numpy, so that the step leaves no tensor of its own behind)."""
     loss = F.cross_entropy(model(x), y)
     loss.backward()
-    grads = [p.grad.detach().clone().numpy().tobytes() for p in model.parameters()]
+    grads = [p.grad.detach().numpy().tobytes() for p in model.parameters()]
     opt.step()
     opt.zero_grad()
     return loss.detach().numpy().tobytes(), grads
