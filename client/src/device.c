@@ -179,10 +179,26 @@ int cap__dev_alloc(cap__dev_t *d, uint64_t bytes, void **p) {
   return cap_bfc_alloc(d->dev_bfc, bytes ? bytes : 1, p);
 }
 
+static uint64_t granule_up(uint64_t bytes) {
+  return (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+}
+
 /* The region is one allocation of the allocator, but what the job uses is
  * what lives in it: its free room counts as an arena's free chunks do. */
 static uint64_t region_free(const cap__dev_t *d) {
   return d->region.base ? d->region.bytes - d->region.live_bytes : 0;
+}
+
+/* From one look at the allocator (st): the bytes tensors use, framework-
+ * owned ones included and the region's free room not, and whether they
+ * leave room for `bytes` more. */
+static uint64_t tensor_bytes(const cap__dev_t *d, const cap_bfc_stats_t *st) {
+  return st->in_use_bytes - region_free(d) + d->framework_bytes;
+}
+
+static bool use_has_room(const cap__dev_t *d, const cap_bfc_stats_t *st,
+                         uint64_t bytes) {
+  return !st->budget_bytes || tensor_bytes(d, st) + granule_up(bytes) <= st->budget_bytes;
 }
 
 int cap__dev_alloc_beyond_arena(cap__dev_t *d, uint64_t bytes, void **p) {
@@ -231,7 +247,7 @@ static bool region_room_lent(cap__dev_t *d, uint64_t len) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
   return st.budget_bytes && st.in_use_bytes + d->framework_bytes > st.budget_bytes &&
-         !cap__dev_use_has_room(d, len);
+         !use_has_room(d, &st, len);
 }
 
 int cap__dev_region_take(cap__dev_t *d, uint64_t off, uint64_t len, void **p,
@@ -248,7 +264,7 @@ bool cap__dev_has_region(cap__dev_t *d) { return d->region.base != NULL; }
 int cap__dev_region_take_any(cap__dev_t *d, uint64_t len, void **p) {
   if (!d->region.base)
     return CAP_EBUDGET;
-  len = (len + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  len = granule_up(len);
   if (region_room_lent(d, len))
     return CAP_EBUDGET;
   return cap__region_take_any(&d->region, len ? len : CAP_BFC_GRANULE, p);
@@ -265,7 +281,7 @@ int cap__dev_region_share(cap__dev_t *d, uint64_t off, uint64_t len, void **p) {
 uint64_t cap__dev_in_use(cap__dev_t *d) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
-  return st.in_use_bytes - region_free(d) + d->framework_bytes;
+  return tensor_bytes(d, &st);
 }
 
 void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add) {
@@ -293,18 +309,14 @@ int cap__dev_emptiest_arena(cap__dev_t *d, void **out, size_t max_out) {
 bool cap__dev_budget_has_room(cap__dev_t *d, uint64_t bytes) {
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
-  uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
   return !st.budget_bytes ||
-         st.in_use_bytes + d->framework_bytes + rounded <= st.budget_bytes;
+         st.in_use_bytes + d->framework_bytes + granule_up(bytes) <= st.budget_bytes;
 }
 
 bool cap__dev_use_has_room(cap__dev_t *d, uint64_t bytes) {
-  uint64_t rounded = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
   cap_bfc_stats_t st;
   cap_bfc_stats(d->dev_bfc, &st);
-  return !st.budget_bytes ||
-         st.in_use_bytes - region_free(d) + d->framework_bytes + rounded <=
-             st.budget_bytes;
+  return use_has_room(d, &st, bytes);
 }
 
 int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
@@ -317,7 +329,7 @@ int cap__dev_find_window(cap__dev_t *d, uint64_t bytes,
 int cap__dev_region_find_window(cap__dev_t *d, uint64_t bytes,
                                 uint32_t (*weight)(void *ctx, const void *ptr),
                                 void *ctx, void **out, size_t max_out) {
-  bytes = (bytes + CAP_BFC_GRANULE - 1) & ~(uint64_t)(CAP_BFC_GRANULE - 1);
+  bytes = granule_up(bytes);
   return cap__region_find_window(&d->region, bytes ? bytes : CAP_BFC_GRANULE,
                                  weight, ctx, out, max_out);
 }
