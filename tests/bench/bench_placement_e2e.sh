@@ -9,6 +9,7 @@
 # placement misses, and integrity mismatches + op errors.
 #
 #   tests/bench/bench_placement_e2e.sh [BUILD_DIR]   (RUNS=5 SCALE=10 MODELS=...
+#                                                    WAYS="placement headroom"
 #                                                    ROWS_DIR=D keeps every
 #                                                    iteration's JSON line and
 #                                                    the replays' stderr)
@@ -18,6 +19,7 @@ bin=${1:-$src/build}/bin
 runs=${RUNS:-5}
 scale=${SCALE:-10}
 models=${MODELS:-resnet50 bert_large}
+ways=${WAYS:-placement headroom}
 tmp=$(mktemp -d)
 trap 'kill $dpid 2>/dev/null; rm -rf "$tmp"' EXIT
 dpid=
@@ -37,12 +39,12 @@ printf '%-11s %-14s %5s %9s %9s %9s %8s %12s %10s %7s %6s\n' model way runs \
 # The two ways alternate run by run, so that a machine whose load changes
 # while the bench runs weighs on both alike.
 for model in $models; do
-  : >"$tmp/rows-placement"
-  : >"$tmp/rows-headroom"
-  : >"$tmp/err-placement"
-  : >"$tmp/err-headroom"
+  for way in $ways; do
+    : >"$tmp/rows-$way"
+    : >"$tmp/err-$way"
+  done
   for r in $(seq "$runs"); do
-    for way in placement headroom; do
+    for way in $ways; do
       if [ $way = placement ]; then
         start_daemon --placement yes --alloc-headroom 0
       else
@@ -53,11 +55,11 @@ for model in $models; do
         --json --job "bench-$model-$r" 2>>"$tmp/err-$way" | grep '"iteration"' >>"$tmp/rows-$way"
     done
   done
-  [ -n "${ROWS_DIR:-}" ] && for way in placement headroom; do
+  [ -n "${ROWS_DIR:-}" ] && for way in $ways; do
     cp "$tmp/rows-$way" "$ROWS_DIR/$model-$way.jsonl"
     cp "$tmp/err-$way" "$ROWS_DIR/$model-$way.err"
   done
-  for way in placement headroom; do
+  for way in $ways; do
     /usr/bin/python3 - "$tmp/rows-$way" "$model" "$way" "$runs" <<'EOF2'
 import json, sys, statistics
 rows = [json.loads(l.strip().lstrip('[,').rstrip(',]')) for l in open(sys.argv[1]) if l.strip()]
