@@ -346,16 +346,18 @@ void cap__host_free(cap__dev_t *d, void *p, uint64_t bytes) {
 
 static int copy(cap__dev_t *d, cap_stream_t s, void *dst, const void *src,
                 uint64_t bytes, cap__ev_t **out) {
-  int rc;
-  if (s == CAP_STREAM_D2H) {
-    /* Order the copy after what the compute stream has issued so far. */
-    rc = cap_backend_event_record(d->b, d->compute_ev, CAP_STREAM_COMPUTE);
-    if (rc < 0)
-      return rc;
-    rc = cap_backend_stream_wait_event(d->b, s, d->compute_ev);
-    if (rc < 0)
-      return rc;
-  }
+  /* Order the copy after what the compute stream has issued so far: a
+   * copy out reads what those kernels write, and a copy in writes memory
+   * that the host gave back as soon as it issued the last kernel reading
+   * it (the tensor that had the block, freed at its op's end), which may
+   * still be running on a GPU. On the sim backend compute is synchronous
+   * and this waits for nothing. */
+  int rc = cap_backend_event_record(d->b, d->compute_ev, CAP_STREAM_COMPUTE);
+  if (rc < 0)
+    return rc;
+  rc = cap_backend_stream_wait_event(d->b, s, d->compute_ev);
+  if (rc < 0)
+    return rc;
   cap__ev_t *e = calloc(1, sizeof *e);
   if (!e)
     return CAP_ENOMEM;
