@@ -93,20 +93,22 @@ try:
 except RuntimeError as e:
     check("a second client cannot take the allocator", "one Manager" in str(e))
 other.close()
+
+
+def destroyed(client):
+    try:
+        client.stats()
+        return False
+    except ValueError:  # "the client is closed"
+        return True
+
+
 c.close()
-try:
-    c.stats()
-    check("closed while PyTorch holds its memory: the client is kept", True)
-except ValueError:
-    check("closed while PyTorch holds its memory: the client is kept", False)
+check("closed while PyTorch holds its memory: the client is kept", not destroyed(c))
 check("and no longer serves allocations", alloc(4096, 0, None) is None)
 free(p, 4096, 0, None)
 c.close()
-try:
-    c.stats()
-    check("once it is all back, close destroys it", False)
-except ValueError:
-    check("once it is all back, close destroys it", True)
+check("once it is all back, close destroys it", destroyed(c))
 
 print("%d failed" % len(fails))
 sys.exit(1 if fails else 0)
