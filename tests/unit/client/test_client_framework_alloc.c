@@ -13,9 +13,10 @@
  *   op0 a = w + 1   op1 b = a * 2 (with a 32 KiB workspace)   op2 c = b + 3
  *   op3 d = a + c
  * b is freed after op2, a, c and d after op3.
- * Plan: a swapped out after op1 (its access 2), back at c's access 1 (op2).
- * Placement (offsets in KiB, arena 256): b 0, c 64, a 128, a's swap-in 192,
- * d 0 (b's block: b is gone by then).
+ * Plan: a swapped out after op1 (its access 2), back at c's access 1 (op2);
+ * or dropped there and recomputed (op0 replayed) when op3 needs it.
+ * Placement (offsets in KiB, arena 256): b 0, c 64, a 128, a's swap-in or
+ * recompute 192, d 0 (b's block: b is gone by then).
  */
 #include <stdio.h>
 #include <string.h>
@@ -34,11 +35,16 @@ enum { W, A, B, C, D, N_IDS };
 
 static const char plan_fmt[] =
     "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\",\"version\":3,"
-    "\"predicted_iter_ns\":1000,\"actions\":["
-    "{\"tensor\":1,\"evict_after_access\":2,\"method\":\"swap\","
-    "\"prefetch_at\":{\"tensor\":3,\"access\":1}}],"
+    "\"predicted_iter_ns\":1000,\"actions\":[%s],"
     "\"placement\":{\"arena_bytes\":%llu,\"blocks\":["
     "%s,%s,%s,%s,%s]}}";
+/* a's action: swapped out, or dropped and op0 replayed for it. */
+static const char swap_a[] =
+    "{\"tensor\":1,\"evict_after_access\":2,\"method\":\"swap\","
+    "\"prefetch_at\":{\"tensor\":3,\"access\":1}}";
+static const char recompute_a[] =
+    "{\"tensor\":1,\"evict_after_access\":2,\"method\":\"recompute\","
+    "\"recompute_ops\":[0]}";
 static const char block_fmt[] =
     "{\"tensor\":%d,\"kind\":\"%s\",\"action\":%s,\"offset\":%llu,"
     "\"bytes\":%llu,\"start_ns\":0,\"end_ns\":100,\"share\":null,"
@@ -49,7 +55,7 @@ typedef struct fw {
   cap_client_t *c;
   uint8_t *p[N_IDS];
   uint32_t id[N_IDS];
-  uint32_t allocs, releases;
+  uint32_t allocs, releases, recomputes;
 } fw_t;
 
 static int fw_alloc(void *user, uint32_t id, uint64_t bytes, void **dev) {
@@ -66,6 +72,21 @@ static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
   (void)bytes;
   f->releases++;
   CHECK_EQ(cap_client_framework_free(f->c, dev), 0);
+}
+
+/* Replays op0 (a = w + 1: the fill op() gave a) into the memory the
+ * client allocated through fw_alloc. */
+static int fw_recompute(void *user, uint32_t seq, const char *name,
+                        const uint32_t *in_ids, void *const *in_ptrs,
+                        uint32_t n_in, const uint32_t *out_ids,
+                        void *const *out_ptrs, uint32_t n_out) {
+  fw_t *f = user;
+  (void)name, (void)in_ids, (void)in_ptrs, (void)out_ids;
+  if (seq != 0 || n_in != 1 || n_out != 1)
+    return -1;
+  f->recomputes++;
+  memset(out_ptrs[0], 0xa1, T);
+  return 0;
 }
 
 static void *out_alloc(fw_t *f, uint64_t bytes) {
@@ -139,7 +160,7 @@ static int iteration(fw_t *f, uint64_t c_bytes, uint8_t **ws, uint8_t **a_in,
   return rc ? rc : cap_client_iteration_end(f->c, st);
 }
 
-static void load_plan(cap_client_t *c, uint64_t arena) {
+static void load_plan(cap_client_t *c, uint64_t arena, bool recompute) {
   static const struct {
     int tensor;
     const char *kind, *action;
@@ -147,15 +168,19 @@ static void load_plan(cap_client_t *c, uint64_t arena) {
   } b[5] = {{A, "first_touch", "null", 128},
             {B, "first_touch", "null", 0},
             {C, "first_touch", "null", 64},
-            {A, "swapped_in", "0", 192},
+            {A, NULL, "0", 192}, /* a's return: the action's */
             {D, "first_touch", "null", 0}};
   char blocks[5][256], json[2048];
   for (int i = 0; i < 5; i++)
-    snprintf(blocks[i], sizeof blocks[i], block_fmt, b[i].tensor, b[i].kind,
+    snprintf(blocks[i], sizeof blocks[i], block_fmt, b[i].tensor,
+             b[i].kind   ? b[i].kind
+             : recompute ? "recomputed"
+                         : "swapped_in",
              b[i].action, (unsigned long long)(b[i].off * KIB),
              (unsigned long long)T);
-  snprintf(json, sizeof json, plan_fmt, (unsigned long long)arena, blocks[0],
-           blocks[1], blocks[2], blocks[3], blocks[4]);
+  snprintf(json, sizeof json, plan_fmt, recompute ? recompute_a : swap_a,
+           (unsigned long long)arena, blocks[0], blocks[1], blocks[2],
+           blocks[3], blocks[4]);
   REQUIRE(cap_client_load_plan_json(c, json, strlen(json)) == 0);
 }
 
@@ -175,6 +200,7 @@ static void start(fw_t *f) {
   REQUIRE(cap_client_create(&cfg, &f->c) == 0);
   REQUIRE(cap_client_set_framework_memory(f->c, fw_alloc, fw_release, f) == 0);
   REQUIRE(cap_client_set_framework_placement(f->c, true) == 0);
+  cap_client_set_recompute(f->c, fw_recompute, f);
   REQUIRE(cap_client_adopt_persistent(f->c, T, CAP_KIND_PARAM, weight,
                                       &f->id[W]) == 0);
   f->p[W] = weight;
@@ -195,10 +221,11 @@ static void check_in_use(fw_t *f) {
   CHECK_EQ(cap_client_framework_lent(f->c), 0);
 }
 
-static void test_planned_allocations_take_their_blocks(void) {
+/* recompute: a is dropped and op0 replayed for it, instead of swapped. */
+static void planned_allocations_take_their_blocks(bool recompute) {
   fw_t f;
   start(&f);
-  load_plan(f.c, 256 * KIB);
+  load_plan(f.c, 256 * KIB, recompute);
   for (int it = 0; it < 2; it++) {
     uint8_t *ws = NULL, *a_in = NULL;
     cap_iter_stats_t st;
@@ -217,19 +244,29 @@ static void test_planned_allocations_take_their_blocks(void) {
     CHECK_EQ(st.placed_allocs, 5);
     CHECK_EQ(st.placement_misses, 0);
     CHECK_EQ(st.evictions, 1);
+    CHECK_EQ(st.recomputed_ops, recompute ? 1 : 0);
     /* The workspace, which no block places, came from the allocator,
      * clear of the region. */
     CHECK(ws && !overlaps(ws, WS, base, 256 * KIB));
     CHECK(st.peak_bytes <= BUDGET);
     check_in_use(&f);
   }
+  CHECK_EQ(f.recomputes, recompute ? 2 : 0);
   cap_client_destroy(f.c);
+}
+
+static void test_planned_allocations_take_their_blocks(void) {
+  planned_allocations_take_their_blocks(false);
+}
+
+static void test_a_recompute_takes_its_block(void) {
+  planned_allocations_take_their_blocks(true);
 }
 
 static void test_a_size_that_differs_is_not_placed(void) {
   fw_t f;
   start(&f);
-  load_plan(f.c, 256 * KIB);
+  load_plan(f.c, 256 * KIB, false);
   uint8_t *ws = NULL, *a_in = NULL;
   cap_iter_stats_t st;
   /* c comes out larger than planned: it is not c's block's, and comes
@@ -252,7 +289,7 @@ static void test_a_size_that_differs_is_not_placed(void) {
 static void test_an_arena_that_does_not_fit_is_refused(void) {
   fw_t f;
   start(&f);
-  load_plan(f.c, BUDGET); /* with the weight, past the budget */
+  load_plan(f.c, BUDGET, false); /* with the weight, past the budget */
   for (int it = 0; it < 2; it++) {
     uint8_t *ws = NULL, *a_in = NULL;
     cap_iter_stats_t st;
@@ -280,6 +317,7 @@ static void test_memory_from_elsewhere_is_not_the_clients(void) {
 
 int main(void) {
   RUN_TEST(test_planned_allocations_take_their_blocks);
+  RUN_TEST(test_a_recompute_takes_its_block);
   RUN_TEST(test_a_size_that_differs_is_not_placed);
   RUN_TEST(test_an_arena_that_does_not_fit_is_refused);
   RUN_TEST(test_memory_from_elsewhere_is_not_the_clients);
