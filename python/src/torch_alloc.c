@@ -62,11 +62,20 @@ static bool have_cuda(void) {
 
 /* --- The two functions PyTorch calls ------------------------------------ */
 
+/* Whether the GIL can be taken: not while the interpreter goes down. */
+static bool python_up(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 __attribute__((visibility("default"))) void *
 capuchin_torch_alloc(size_t bytes, int device, void *stream) {
   (void)stream; /* ops and the client's copies run on the compute stream */
   void *p = NULL;
-  if (atomic_load(&n_clients) && Py_IsInitialized()) {
+  if (atomic_load(&n_clients) && python_up()) {
     PyGILState_STATE g = PyGILState_Ensure();
     if (bound && device == bound_device && clients[0]->c &&
         cap_client_framework_alloc(clients[0]->c, bytes, &p) < 0)
@@ -87,7 +96,11 @@ capuchin_torch_free(void *p, size_t bytes, int device, void *stream) {
   (void)stream;
   if (!p)
     return;
-  if (atomic_load(&n_clients) && Py_IsInitialized()) {
+  if (atomic_load(&n_clients)) {
+    /* What PyTorch frees as the interpreter goes down may be a client's:
+     * it goes with the process. */
+    if (!python_up())
+      return;
     PyGILState_STATE g = PyGILState_Ensure();
     bool mine = false;
     for (int i = 0; i < atomic_load(&n_clients) && !mine; i++)
@@ -96,7 +109,7 @@ capuchin_torch_free(void *p, size_t bytes, int device, void *stream) {
     if (mine)
       return;
   }
-  if (have_cuda())
+  if (have_cuda()) /* (a free cannot report an error to PyTorch) */
     cuda_free(p);
 }
 
