@@ -468,6 +468,8 @@ struct cap_client {
   } fw_want;
   _Atomic uint64_t fw_lent;    /* cap_client_framework_alloc's allocations
                                   not given back */
+  uint32_t fw_calling;         /* callbacks into the framework running: what
+                                  it allocates then is no op's output */
   /* Prefetches of framework-owned tensors waiting for the H2D copy engine
    * (executor.c): the plan takes a tensor's memory when its copy starts,
    * and copies in one direction run one at a time. */
@@ -607,6 +609,8 @@ int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
 int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                        uint32_t action, void **p, bool may_evict);
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
+/* The framework's release callback (framework.h). */
+void cap__fw_release(cap_client_t *c, uint32_t id, void *dev, uint64_t bytes);
 
 /* framework.c: wait for swap-outs in flight, oldest first, until `bytes`
  * more fit the budget (each wait a budget wait); false when they do not and

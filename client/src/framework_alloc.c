@@ -30,8 +30,8 @@ int cap_client_set_framework_placement(cap_client_t *c, bool on) {
  * touch; CAP_NONE otherwise (a workspace, a shape that changed, a tensor
  * the plan did not place). */
 static uint32_t first_touch_of(cap_client_t *c, uint64_t bytes) {
-  if (!c->in_iter || c->op_open)
-    return CAP_NONE;
+  if (!c->in_iter || c->op_open || c->fw_calling)
+    return CAP_NONE; /* (what a callback of the client's allocates) */
   if (c->fw_iter != c->iteration || c->fw_op != c->op_seq) {
     c->fw_iter = c->iteration;
     c->fw_op = c->op_seq;

@@ -54,7 +54,9 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
   /* Should the framework's allocator be the client's (framework_alloc.c),
    * the memory it asks for now is this restore's block. */
   c->fw_want = (struct cap__fw_want){true, id, action, kind, bytes};
+  c->fw_calling++;
   int rc = c->fw_alloc(c->fw_user, id, bytes, &dev);
+  c->fw_calling--;
   c->fw_want.on = false;
   if (rc < 0 || !dev) {
     cap__set_error(c, "tensor %u: the framework could not allocate %llu bytes",
@@ -80,5 +82,11 @@ void cap__tmem_free(cap_client_t *c, uint32_t id, void *p) {
   uint64_t bytes = t->bytes ? t->bytes : 1;
   if (!t->lent)
     cap__dev_track_framework(c->dev, bytes, false);
-  c->fw_release(c->fw_user, id, p, bytes);
+  cap__fw_release(c, id, p, bytes);
+}
+
+void cap__fw_release(cap_client_t *c, uint32_t id, void *dev, uint64_t bytes) {
+  c->fw_calling++;
+  c->fw_release(c->fw_user, id, dev, bytes);
+  c->fw_calling--;
 }

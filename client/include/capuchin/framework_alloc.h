@@ -15,8 +15,10 @@
  *   n-th output allocation maps to that output's first-touch block; and the
  *   memory the client asks the framework for (its alloc callback: a
  *   swap-in, a recompute or a weight's return) is that restore's block;
- * - everything else (a size that differs, a kernel's workspace, the
- *   measured iteration, passive mode, a plan whose arena found no room)
+ * - everything else (a size that differs, a kernel's workspace, what the
+ *   framework allocates while the client calls it back, such as a
+ *   recompute's replay, the measured iteration, passive mode, a plan whose
+ *   arena found no room)
  *   comes from the client's budgeted allocator, in the room the placement
  *   leaves free, exactly as an allocation the plan did not place in model 1.
  *   The region never lets two live allocations overlap, so an allocation

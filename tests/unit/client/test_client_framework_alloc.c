@@ -74,8 +74,16 @@ static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
   CHECK_EQ(cap_client_framework_free(f->c, dev), 0);
 }
 
+static void *out_alloc(fw_t *f, uint64_t bytes) {
+  void *p = NULL;
+  CHECK_EQ(cap_client_framework_alloc(f->c, bytes, &p), 0);
+  return p;
+}
+
 /* Replays op0 (a = w + 1: the fill op() gave a) into the memory the
- * client allocated through fw_alloc. */
+ * client allocated through fw_alloc, as the adapter does: the replayed op
+ * makes its own output (the size of d, the next op's), copied into the
+ * client's and freed. */
 static int fw_recompute(void *user, uint32_t seq, const char *name,
                         const uint32_t *in_ids, void *const *in_ptrs,
                         uint32_t n_in, const uint32_t *out_ids,
@@ -85,14 +93,13 @@ static int fw_recompute(void *user, uint32_t seq, const char *name,
   if (seq != 0 || n_in != 1 || n_out != 1)
     return -1;
   f->recomputes++;
-  memset(out_ptrs[0], 0xa1, T);
+  void *own = out_alloc(f, T);
+  if (!own)
+    return -1;
+  memset(own, 0xa1, T);
+  memcpy(out_ptrs[0], own, T);
+  CHECK_EQ(cap_client_framework_free(f->c, own), 0);
   return 0;
-}
-
-static void *out_alloc(fw_t *f, uint64_t bytes) {
-  void *p = NULL;
-  CHECK_EQ(cap_client_framework_alloc(f->c, bytes, &p), 0);
-  return p;
 }
 
 /* Allocate output x of `bytes`, fill it, adopt it and report the op. */
