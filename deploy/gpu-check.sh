@@ -10,7 +10,11 @@
 #      under the PyTorch adapter at 100/50/30 % against
 #      torch.autograd.graph.save_on_cpu and torch.utils.checkpoint at the same
 #      memory (tests/gpu/train_compare.py), printing throughput and peak
-#      memory (torch.cuda.max_memory_allocated).
+#      memory (torch.cuda.max_memory_allocated);
+#   5. train an MLP under Manager(placement=True) at 100/50 %, the plan's
+#      blocks at their planned addresses through capuchin's CUDA allocator
+#      (tests/gpu/placement_check.py): bitwise the unmanaged run's losses and
+#      gradients, allocations placed in guided iterations.
 #
 #   ./deploy/gpu-check.sh [--cpu-smoke] [--build DIR] [--out DIR] [--debs DIR]
 #                         [--use-debs | --system-deps] [--skip-build] [--build-only]
@@ -411,6 +415,25 @@ EOF
   else
     record FAIL "training comparison: $verdict"
   fi
+fi
+
+# --- 6. Placement under PyTorch ------------------------------------------
+# In --cpu-smoke the check is that Manager(placement=True) refuses clearly.
+placement_args=(--device cuda)
+[ $smoke -eq 1 ] && placement_args=(--device cpu)
+say "placement_check.py ${placement_args[*]}"
+set +e
+CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+  "$PYTHON" "$src/tests/gpu/placement_check.py" "${placement_args[@]}" \
+  --json "$out/placement.json" 2>&1 | tee "$out/placement.log"
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ]; then
+  record FAIL "placement: $(grep -m 1 'placement-check: FAIL' "$out/placement.log" || echo "placement_check.py exited $rc") (log: $out/placement.log)"
+elif [ $smoke -eq 1 ]; then
+  record skip "placement: Manager(placement=True) refused on the CPU with a clear error (no GPU in --cpu-smoke)"
+else
+  record ok "placement: bitwise equal to the unmanaged run, guided iterations placed (table in $out/placement.log)"
 fi
 
 say "summary ($device_name)"

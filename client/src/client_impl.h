@@ -110,8 +110,13 @@ void cap__dev_free(cap__dev_t *d, void *p);
  * not. */
 uint64_t cap__dev_in_use(cap__dev_t *d);
 /* Count `bytes` of framework-owned tensor memory in (add) or out of the
- * bytes in use (model 2: the client tracks them, the framework holds them). */
+ * bytes in use (model 2: the client tracks them, the framework holds them).
+ * Not for memory the framework took from the client's allocator
+ * (cap_client_framework_alloc), which the allocator counts already. */
 void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add);
+/* Whether p is (in) a live allocation of the client's allocator or its
+ * region: the framework took it from cap_client_framework_alloc. */
+bool cap__dev_owns(cap__dev_t *d, const void *p);
 /* Device memory the job holds: its arenas, in use or not. */
 uint64_t cap__dev_held(cap__dev_t *d);
 /* Give the arenas nothing is allocated in back to the device; returns the
@@ -239,6 +244,8 @@ typedef struct cap__tensor {
   uint8_t pinned;      /* used by the op being begun: not evictable */
   uint8_t framework;   /* its device memory is the framework's (model 2,
                           tensor_mem.c), not the client's allocator's */
+  uint8_t lent;        /* the framework's, from cap_client_framework_alloc:
+                          the allocator counts it, not framework bytes */
   uint8_t evictable;   /* persistent and the framework's: it can give the
                           memory up (cap_client_set_evictable) */
   uint32_t n_access;   /* accesses so far this iteration */
@@ -309,6 +316,11 @@ int cap__placement_index(cap_client_t *c, cap__xplan_t *x);
 int cap__placement_drop(cap_client_t *c);
 int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                       uint32_t action, void **p);
+/* The same for the framework's allocator (framework_alloc.c): an output
+ * never takes over its input's block, which the framework still reads. */
+int cap__placed_alloc_unshared(cap_client_t *c, uint32_t id,
+                               cap_residency_kind_t kind, uint32_t action,
+                               void **p);
 /* Whether the installed plan places that allocation (guided mode). */
 bool cap__placement_has(const cap_client_t *c, uint32_t id,
                         cap_residency_kind_t kind, uint32_t action);
@@ -441,6 +453,23 @@ struct cap_client {
   cap_framework_release_fn fw_release;
   void *fw_user;
   uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
+  /* Placement under the framework's allocator (framework_alloc.c). */
+  bool fw_placement;           /* cap_client_set_framework_placement */
+  uint32_t fw_iter, fw_op;     /* the iteration and op seq fw_next_decl is
+                                  for */
+  uint32_t fw_next_decl;       /* the transient declaration the next first
+                                  touch the framework allocates will be */
+  struct cap__fw_want {        /* the restore the client is asking the
+                                  framework's memory for (alloc callback) */
+    bool on;
+    uint32_t id, action;
+    cap_residency_kind_t kind;
+    uint64_t bytes;
+  } fw_want;
+  _Atomic uint64_t fw_lent;    /* cap_client_framework_alloc's allocations
+                                  not given back */
+  uint32_t fw_calling;         /* callbacks into the framework running: what
+                                  it allocates then is no op's output */
   /* Prefetches of framework-owned tensors waiting for the H2D copy engine
    * (executor.c): the plan takes a tensor's memory when its copy starts,
    * and copies in one direction run one at a time. */
@@ -580,6 +609,8 @@ int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict);
 int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
                        uint32_t action, void **p, bool may_evict);
 void cap__tmem_free(cap_client_t *c, uint32_t id, void *p);
+/* The framework's release callback (framework.h). */
+void cap__fw_release(cap_client_t *c, uint32_t id, void *dev, uint64_t bytes);
 
 /* framework.c: wait for swap-outs in flight, oldest first, until `bytes`
  * more fit the budget (each wait a budget wait); false when they do not and

@@ -284,6 +284,11 @@ uint64_t cap__dev_in_use(cap__dev_t *d) {
   return tensor_bytes(d, &st);
 }
 
+bool cap__dev_owns(cap__dev_t *d, const void *p) {
+  return cap__region_contains(&d->region, p) ||
+         cap_bfc_chunk_bytes(d->dev_bfc, p) != 0;
+}
+
 void cap__dev_track_framework(cap__dev_t *d, uint64_t bytes, bool add) {
   if (add)
     d->framework_bytes += bytes;

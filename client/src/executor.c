@@ -269,9 +269,9 @@ int cap__release_tensor(cap_client_t *c, uint32_t id) {
   switch (t->state) {
   case CAP__T_DEVICE:
   case CAP__T_LOST:
-    if (t->dev && t->framework) /* the framework frees its own memory */
+    if (t->dev && t->framework && !t->lent) /* the framework frees it */
       cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, false);
-    else if (t->dev)
+    else if (t->dev && !t->framework)
       cap__dev_free(c->dev, t->dev);
     break;
   case CAP__T_OUT: {

@@ -35,7 +35,9 @@ static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   t->dev = dev;
   t->state = CAP__T_DEVICE;
   t->lru = ++c->tick;
-  cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
+  t->lent = cap__dev_owns(c->dev, dev);
+  if (!t->lent)
+    cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
   cap__note_peak(c);
   if (!t->persistent)
     c->adopted_since_op += t->bytes;

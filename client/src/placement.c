@@ -95,9 +95,10 @@ static int open_region(cap_client_t *c, const cap__xplan_t *x) {
 
 int cap__placement_index(cap_client_t *c, cap__xplan_t *x) {
   const cap_plan_t *plan = x->plan;
-  if (!plan->n_blocks || c->fw_alloc)
+  if (!plan->n_blocks || (c->fw_alloc && !c->fw_placement))
     return close_region(c); /* nothing placed, or the framework places its
-                               tensors: the allocator gets the room back */
+                               tensors (unless its allocator is routed here,
+                               framework_alloc.c): the room goes back */
   uint32_t cap = 16;
   while (cap < 2 * plan->n_blocks)
     cap *= 2;
@@ -163,8 +164,10 @@ int cap__placement_drop(cap_client_t *c) {
   return close_region(c);
 }
 
-int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
-                      uint32_t action, void **p) {
+/* may_share: an output may take over its input's block (only while the
+ * client begins the op, which lists the input). */
+static int placed(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
+                  uint32_t action, bool may_share, void **p) {
   if (c->mode != CAP_MODE_GUIDED)
     return CAP_ENOENT;
   uint32_t b = lookup(&c->x, id, kind, action);
@@ -180,7 +183,7 @@ int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
   for (;;) {
     void *busy = NULL;
     int rc = cap__dev_region_take(c->dev, bl->offset, len, p, &busy);
-    if (rc == CAP_EAGAIN && takes_over(c, bl, busy))
+    if (rc == CAP_EAGAIN && may_share && takes_over(c, bl, busy))
       rc = cap__dev_region_share(c->dev, bl->offset, len, p);
     if (rc == 0) {
       c->it.placed_allocs++;
@@ -191,4 +194,15 @@ int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
   }
   c->it.placement_misses++;
   return CAP_ENOENT;
+}
+
+int cap__placed_alloc(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
+                      uint32_t action, void **p) {
+  return placed(c, id, kind, action, true, p);
+}
+
+int cap__placed_alloc_unshared(cap_client_t *c, uint32_t id,
+                               cap_residency_kind_t kind, uint32_t action,
+                               void **p) {
+  return placed(c, id, kind, action, false, p);
 }

@@ -199,9 +199,11 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
     } else {
       rc = bind_op(c, id, ops[i], op, ids, ptrs, pinned, &r);
       if (rc == 0) {
+        c->fw_calling++; /* (framework_alloc.c: not the next op's outputs) */
         int cb = c->recompute(c->recompute_user, ops[i], op->name, ids, ptrs,
                               op->n_in, ids + op->n_in, ptrs + op->n_in,
                               op->n_out);
+        c->fw_calling--;
         if (cb < 0) {
           cap__set_error(c, "op %u %s: recompute of tensor %u: the callback "
                             "failed on op %u %s (%d)",

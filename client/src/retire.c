@@ -38,8 +38,9 @@ static void release_dev(cap_client_t *c, cap__retire_t *r) {
     cap__dev_free(c->dev, r->dev);
     return;
   }
-  cap__dev_track_framework(c->dev, r->dev_bytes, false);
-  c->fw_release(c->fw_user, r->dev_of, r->dev, r->dev_bytes);
+  if (!cap__dev_owns(c->dev, r->dev)) /* the framework frees it after this */
+    cap__dev_track_framework(c->dev, r->dev_bytes, false);
+  cap__fw_release(c, r->dev_of, r->dev, r->dev_bytes);
 }
 
 void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {

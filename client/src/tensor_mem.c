@@ -15,13 +15,13 @@ int cap__tmem_alloc(cap_client_t *c, uint32_t id, void **p, bool may_evict) {
   const cap__tensor_t *t = &c->tensors[id];
   /* Why it is allocated, from its state: a first touch, or a swap-in (of a
    * weight the plan's placement moved out at install: into its first
-   * block). */
-  if (t->state == CAP__T_HOST && t->out_action == CAP_NONE && t->persistent &&
-      cap__placed_alloc(c, id, CAP_RESIDENCY_PERSISTENT, CAP_NONE, p) == 0)
-    return 0;
+   * block; whoever allocates, the client or the framework's allocator). */
   if (t->state == CAP__T_HOST)
-    return cap__tmem_alloc_as(c, id, CAP_RESIDENCY_SWAPPED_IN, t->out_action,
-                              p, may_evict);
+    return cap__tmem_alloc_as(c, id,
+                              t->out_action == CAP_NONE && t->persistent
+                                  ? CAP_RESIDENCY_PERSISTENT
+                                  : CAP_RESIDENCY_SWAPPED_IN,
+                              t->out_action, p, may_evict);
   return cap__tmem_alloc_as(c, id, CAP_RESIDENCY_FIRST_TOUCH, CAP_NONE, p,
                             may_evict);
 }
@@ -51,13 +51,21 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
     (void)cap__fw_wait_room(c, bytes);
   }
   void *dev = NULL;
+  /* Should the framework's allocator be the client's (framework_alloc.c),
+   * the memory it asks for now is this restore's block. */
+  c->fw_want = (struct cap__fw_want){true, id, action, kind, bytes};
+  c->fw_calling++;
   int rc = c->fw_alloc(c->fw_user, id, bytes, &dev);
+  c->fw_calling--;
+  c->fw_want.on = false;
   if (rc < 0 || !dev) {
     cap__set_error(c, "tensor %u: the framework could not allocate %llu bytes",
                    id, (unsigned long long)bytes);
     return CAP_ENOMEM;
   }
-  cap__dev_track_framework(c->dev, bytes, true);
+  t->lent = cap__dev_owns(c->dev, dev);
+  if (!t->lent)
+    cap__dev_track_framework(c->dev, bytes, true);
   cap__note_peak(c);
   *p = dev;
   return 0;
@@ -72,6 +80,13 @@ void cap__tmem_free(cap_client_t *c, uint32_t id, void *p) {
     return;
   }
   uint64_t bytes = t->bytes ? t->bytes : 1;
-  cap__dev_track_framework(c->dev, bytes, false);
-  c->fw_release(c->fw_user, id, p, bytes);
+  if (!t->lent)
+    cap__dev_track_framework(c->dev, bytes, false);
+  cap__fw_release(c, id, p, bytes);
+}
+
+void cap__fw_release(cap_client_t *c, uint32_t id, void *dev, uint64_t bytes) {
+  c->fw_calling++;
+  c->fw_release(c->fw_user, id, dev, bytes);
+  c->fw_calling--;
 }

@@ -38,7 +38,7 @@ try:
 except ImportError:  # pragma: no cover - torch < 1.13
     TorchDispatchMode = None
 
-from . import _client
+from . import _client, _placement
 from ._saved import SavedTensors
 from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
                        storage_resizable, view_on)
@@ -144,10 +144,16 @@ class Manager:
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
                  host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0,
-                 evict_persistent=True):
+                 evict_persistent=True, placement=False):
         if TorchDispatchMode is None:
             raise RuntimeError("capuchin needs torch >= 1.13 (TorchDispatchMode)")
         self.budget_spec = parse_budget(budget)
+        # Placement (_placement.py): the plan's blocks at the addresses the
+        # daemon gave them, through a CUDA allocator of capuchin's; CUDA
+        # torch >= 2.0, installed before anything is on the GPU.
+        self.placement = bool(placement)
+        if self.placement:
+            _placement.install()
         # Plans may evict weights and optimizer state (the daemon plans so
         # when nothing else fits, --evict-persistent auto): their storages
         # are resized to 0 after the copy out and back before any op uses
@@ -360,6 +366,11 @@ class Manager:
                 release=self._saved.release, recompute=self._recompute,
                 compute_stream=stream, sim_gbps=self.sim_gbps,
                 host_pool_cap=self.host_pool_cap)
+            if self.placement and backend == "cuda":
+                _placement.place(client, self.device)
+            elif self.placement:
+                self.warn_once("placement", "placement=True, but the step ran "
+                               "on %s: nothing to place" % (self.device,))
             return client
         except _client.Error as e:
             self._off = True

@@ -221,7 +221,8 @@ static void Client_dealloc(ClientObject *self) {
 }
 
 static PyObject *Client_close(ClientObject *self, PyObject *unused) {
-  Client_close_impl(self);
+  if (!cap_py_torch_alloc_keeps(self))
+    Client_close_impl(self);
   Py_RETURN_NONE;
 }
 
@@ -404,7 +405,8 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
     return cap_py_raise_rc(self, rc);
   cap_py_op_path_end(self, s.mode);
   return Py_BuildValue(
-      "{s:I,s:s,s:L,s:K,s:K,s:K,s:I,s:I,s:I,s:L,s:I,s:I,s:I,s:s,s:I,s:s}",
+      "{s:I,s:s,s:L,s:K,s:K,s:K,s:I,s:I,s:I,s:L,s:I,s:I,s:I,s:s,s:I,s:s,s:I,"
+      "s:I}",
       "iteration", s.iteration, "mode", cap_mode_name(s.mode), "time_ns",
       (long long)s.time_ns, "peak_bytes", (unsigned long long)s.peak_bytes,
       "bytes_out", (unsigned long long)s.bytes_out, "bytes_in",
@@ -412,7 +414,9 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
       "recomputed_ops", s.recomputed_ops, "stalls", s.stalls, "stall_ns",
       (long long)s.stall_ns, "plan_version", s.plan_version, "fallbacks",
       s.fallbacks, "op_errors", s.op_errors, "first_error", s.first_error,
-      "refused_actions", s.refused_actions, "plan_note", s.plan_note);
+      "refused_actions", s.refused_actions, "plan_note", s.plan_note,
+      "placed_allocs", s.placed_allocs, "placement_misses",
+      s.placement_misses);
 }
 
 static PyObject *Client_stats(ClientObject *self, PyObject *unused) {
@@ -536,17 +540,25 @@ static struct PyModuleDef moddef = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__client(void) {
-  if (PyType_Ready(&ClientType) < 0)
-    return NULL;
-  /* The per-op path's methods live in op_path.c. */
-  for (PyMethodDef *md = cap_py_op_path_methods; md->ml_name; md++) {
+static int add_methods(PyMethodDef *md) {
+  for (; md->ml_name; md++) {
     PyObject *d = PyDescr_NewMethod(&ClientType, md);
     int rc = d ? PyDict_SetItemString(ClientType.tp_dict, md->ml_name, d) : -1;
     Py_XDECREF(d);
     if (rc < 0)
-      return NULL;
+      return -1;
   }
+  return 0;
+}
+
+PyMODINIT_FUNC PyInit__client(void) {
+  if (PyType_Ready(&ClientType) < 0)
+    return NULL;
+  /* The per-op path's methods live in op_path.c, the CUDA allocator's in
+   * torch_alloc.c. */
+  if (add_methods(cap_py_op_path_methods) < 0 ||
+      add_methods(cap_py_torch_alloc_methods) < 0)
+    return NULL;
   PyType_Modified(&ClientType);
   PyObject *m = PyModule_Create(&moddef);
   if (!m)

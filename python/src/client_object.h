@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "capuchin/client.h"
@@ -84,5 +85,11 @@ void cap_py_op_path_end(ClientObject *self, cap_mode_t mode);
 /* The adapter stopped reporting this iteration. */
 void cap_py_op_path_stopped(ClientObject *self);
 void cap_py_op_path_clear(ClientObject *self);
+
+/* torch_alloc.c: Client.place, and whether Client.close must keep the
+ * client because PyTorch still holds memory from it (it is no longer the
+ * allocator's then; false: destroy it). */
+extern PyMethodDef cap_py_torch_alloc_methods[];
+bool cap_py_torch_alloc_keeps(ClientObject *self);
 
 #endif /* CAPUCHIN_PY_CLIENT_OBJECT_H */
