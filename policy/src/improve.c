@@ -91,13 +91,48 @@ static void make_swap(cap_action_t *a, const cap_profile_t *p,
   }
 }
 
-enum { TO_SWAP, DROP, EARLIER };
+#define LINEAGE_MAX_OPS 16u /* longest lineage a swap may turn into */
+
+/* Replay time of the lineage of swap action a, its sources taken as on the
+ * device (make_explicit adds what is not); -1 when it has none. The list
+ * is left in l. */
+static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                      const cap_action_t *a, int64_t *ns) {
+  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
+  uint32_t back =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  *ns = -1;
+  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, LINEAGE_MAX_OPS);
+  if (rc == CAP_ENOENT)
+    return 0;
+  if (rc)
+    return rc;
+  *ns = 0;
+  for (uint32_t i = 0; i < l->n_ops; i++)
+    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
+  return 0;
+}
+
+/* Action ai of plan replays the list in l instead of swapping. */
+static int set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
+  cap_action_t *x = &plan->actions[ai];
+  x->method = CAP_METHOD_RECOMPUTE;
+  x->flags = 0;
+  x->prefetch_tensor = CAP_NONE;
+  x->prefetch_access = 0;
+  return cap__plan_set_list(plan, ai, l->ops, l->n_ops);
+}
+
+enum { TO_SWAP, DROP, EARLIER, TO_REPLAY };
 
 /* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
- * with the eviction of (tensor, k) left out (DROP: the tensor stays), or
+ * with the eviction of (tensor, k) left out (DROP: the tensor stays),
  * with the prefetch of the swap of (tensor, k) started its lateness (cd's
- * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when
- * there is nothing to change or its lists cannot run as written. */
+ * cost) earlier (EARLIER), or with that late swap replayed instead when
+ * its lineage takes less than the lateness (TO_REPLAY: a prefetch no
+ * trigger can bring in time, of a tensor cheap to rebuild), made explicit
+ * and simulated; NULL in *out when there is nothing to change or its lists
+ * cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
@@ -105,17 +140,38 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
       (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
-      (how == EARLIER && plan->actions[ai].method != CAP_METHOD_SWAP))
+      ((how == EARLIER || how == TO_REPLAY) &&
+       plan->actions[ai].method != CAP_METHOD_SWAP))
     return 0;
+  cap__lineage_t lin = {0};
+  if (how == TO_REPLAY) {
+    int64_t ns;
+    int rc = lineage_ns(&lin, p, &plan->actions[ai], &ns);
+    if (rc || ns < 0 || ns >= cd->cost_ns) {
+      cap__lineage_close(&lin);
+      return rc;
+    }
+  }
   uint32_t tt, ta;
   if (how == EARLIER &&
       !cap__earlier_trigger(p, &plan->actions[ai], cd->cost_ns,
                             cfg->trigger_margin_ns, &tt, &ta))
     return 0;
   cap_plan_t *next = cap_plan_clone(plan);
-  if (!next)
+  if (!next) {
+    cap__lineage_close(&lin);
     return CAP_ENOMEM;
+  }
   cap_action_t *a = &next->actions[ai];
+  if (how == TO_REPLAY) {
+    int rc = set_replay(next, ai, &lin);
+    cap__lineage_close(&lin);
+    if (rc) {
+      cap_plan_destroy(next);
+      return rc;
+    }
+    goto explicit;
+  }
   if (how == DROP) {
     /* its list ops stay in the pool, unused */
     next->actions[ai] = next->actions[--next->n_actions];
@@ -260,8 +316,8 @@ static int stalls(const cap_plan_t *plan, const cap_profile_t *p,
 
 /* One move over the costliest candidates: TO_SWAP for replays (cost: their
  * list's time), DROP for replays and late prefetches (cost: list time or
- * stall). Each change the simulator finds faster and no higher at its peak
- * is kept. */
+ * stall), EARLIER and TO_REPLAY for late prefetches (cost: stall). Each
+ * change the simulator finds faster and no higher at its peak is kept. */
 static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -280,7 +336,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE && how != EARLIER)
+    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP))
       cost = cap__replay_ns(plan, p, a);
     else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
@@ -425,28 +481,6 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
  * on the copy-engine time the first leaves (it is at least as large and
  * copied out no later). */
 
-#define EXCHANGE_MAX_OPS 16u /* longest lineage a swap may turn into */
-
-/* Replay time of the lineage of swap action a, its sources taken as on the
- * device (make_explicit adds what is not); -1 when it has none. The list
- * is left in l. */
-static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
-                      const cap_action_t *a, int64_t *ns) {
-  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
-  uint32_t back =
-      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
-  *ns = -1;
-  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, EXCHANGE_MAX_OPS);
-  if (rc == CAP_ENOENT)
-    return 0;
-  if (rc)
-    return rc;
-  *ns = 0;
-  for (uint32_t i = 0; i < l->n_ops; i++)
-    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
-  return 0;
-}
-
 /* The cheapest swap to replay in place of replay yi: cheaper than it,
  * at least as large, and (when before) copied out no later; CAP_NONE when
  * none. */
@@ -485,12 +519,7 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   cap_plan_t *next = cap_plan_clone(plan);
   if (!next)
     return CAP_ENOMEM;
-  cap_action_t *x = &next->actions[xi];
-  x->method = CAP_METHOD_RECOMPUTE;
-  x->flags = 0;
-  x->prefetch_tensor = CAP_NONE;
-  x->prefetch_access = 0;
-  rc = cap__plan_set_list(next, xi, lin->ops, lin->n_ops);
+  rc = set_replay(next, xi, lin);
   make_swap(&next->actions[yi], p, cfg);
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
@@ -570,6 +599,8 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
+  if (!rc)
+    rc = search(plan, p, cfg, TO_REPLAY, max_tries / 2);
   if (!rc && pair_tries)
     rc = share_replays(plan, p, cfg, pair_tries);
   if (!rc && pair_tries)

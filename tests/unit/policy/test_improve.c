@@ -203,9 +203,73 @@ static void test_swap_exchanged_for_replay(void) {
   cap_profile_destroy(p);
 }
 
+/* A (100 MB) is made in 10 us and read again only at op6; D and E (150
+ * MB each) fill the budget (160 MB) from op2 to op5, so A's prefetch can
+ * start only when E is freed, and the budget leaves no room to keep it:
+ *   op0 A = relu W (10 us), op1 2 ms on W, op2 D = mul W, op3 reads D,
+ *   op4 E = mul W, op5 reads E, op6 reads A (100 us each but op0, op1).
+ * Swapped, A's copy back (1.8 ms) runs on demand at op6; replayed, it
+ * costs op0's 10 us. */
+static cap_profile_t *late_swap(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { W, A, D, E, T1, T3, T5, T6 };
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 150 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, E, 150 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T1; i <= T6; i++)
+    fx_tensor(&f, i, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t w = W, a = A, d = D, e = E, t1 = T1, t3 = T3, t5 = T5, t6 = T6;
+  fx_op(&f, 0, 10 * US, "aten.relu.default", &w, 1, &a, 1);
+  fx_op(&f, 10 * US, 2010 * US, "aten.mul.Tensor", &w, 1, &t1, 1);
+  fx_free(&f, 2010 * US, T1);
+  fx_op(&f, 2010 * US, 2110 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  fx_op(&f, 2110 * US, 2210 * US, "aten.sum.default", &d, 1, &t3, 1);
+  fx_free(&f, 2210 * US, D);
+  fx_free(&f, 2210 * US, T3);
+  fx_op(&f, 2210 * US, 2310 * US, "aten.mul.Tensor", &w, 1, &e, 1);
+  fx_op(&f, 2310 * US, 2410 * US, "aten.sum.default", &e, 1, &t5, 1);
+  fx_free(&f, 2410 * US, E);
+  fx_free(&f, 2410 * US, T5);
+  fx_op(&f, 2410 * US, 2510 * US, "aten.add.Tensor", &a, 1, &t6, 1);
+  fx_free(&f, 2510 * US, A);
+  fx_free(&f, 2510 * US, T6);
+  return fx_finish(&f);
+}
+
+static void test_late_swap_replayed(void) {
+  cap_profile_t *p = late_swap();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 160 * MB);
+  cap_sim_result_t base;
+  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
+  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  REQUIRE(plan);
+  REQUIRE(cap_plan_add_swap(plan, 1, 1, CAP_NONE, 0, 0) == 0); /* on demand */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK(plan->predicted_iter_ns - base.iter_ns > 1700 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__plan_improve(plan, p, &cfg, 64) == 0);
+  REQUIRE(plan->n_actions == 1);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->method, CAP_METHOD_RECOMPUTE);
+  CHECK_EQ(a->n_recompute, 1);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 10 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
+  cap_sim_result_close(&base);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 int main(void) {
   RUN_TEST(test_late_prefetch_moves_earlier);
   RUN_TEST(test_replays_share_lineage);
   RUN_TEST(test_swap_exchanged_for_replay);
+  RUN_TEST(test_late_swap_replayed);
   return TEST_SUMMARY();
 }
