@@ -10,6 +10,24 @@
 #include "capuchin/error.h"
 #include "fixtures.h"
 
+/* The unmanaged run of p (*base), the config for budget (*cfg) and an
+ * empty plan to write by hand; NULL when p does not simulate. */
+static cap_plan_t *start(const cap_profile_t *p, uint64_t budget,
+                         cap_plan_config_t *cfg, cap_sim_result_t *base) {
+  cap_plan_config_init(cfg, budget);
+  if (cap_sim_run(p, NULL, &cfg->bw, base) != 0)
+    return NULL;
+  return cap_plan_create("capuchin", budget);
+}
+
+/* The improved plan must still be valid; then everything goes. */
+static void finish(cap_plan_t *plan, cap_profile_t *p, cap_sim_result_t *base) {
+  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
+  cap_sim_result_close(base);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_late_prefetch_moves_earlier(void) {
   /* one_big: A (100 MB) made at op 0, read again by op 14 (12.02 ms); B
    * (80 MB) lives over ops 4..7. A swapped, its prefetch triggered by op
@@ -21,10 +39,8 @@ static void test_late_prefetch_moves_earlier(void) {
   REQUIRE(p);
   REQUIRE(p->n_ops == 15);
   cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 200 * MB);
   cap_sim_result_t base;
-  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
-  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  cap_plan_t *plan = start(p, 200 * MB, &cfg, &base);
   REQUIRE(plan);
   uint32_t tt, ta;
   REQUIRE(cap__trigger_name(p, 13, 1, &tt, &ta));
@@ -42,10 +58,7 @@ static void test_late_prefetch_moves_earlier(void) {
            12);
   CHECK_EQ(plan->predicted_iter_ns, base.iter_ns);
   CHECK_EQ(plan->predicted_peak_bytes, peak);
-  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
-  cap_sim_result_close(&base);
-  cap_plan_destroy(plan);
-  cap_profile_destroy(p);
+  finish(plan, p, &base);
 }
 
 /* A batch norm's output N, made in place by a relu_, and the clone C of
@@ -104,10 +117,8 @@ static void test_replays_share_lineage(void) {
   cap_profile_t *p = bn_clone();
   REQUIRE(p);
   cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 250 * MB);
   cap_sim_result_t base;
-  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
-  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  cap_plan_t *plan = start(p, 250 * MB, &cfg, &base);
   REQUIRE(plan);
   uint32_t n_list[] = {0, 2}, c_list[] = {0, 1};
   REQUIRE(cap_plan_add_recompute(plan, 2, 4, n_list, 2) == 0); /* N */
@@ -123,10 +134,7 @@ static void test_replays_share_lineage(void) {
   const cap_action_t *a = &plan->actions[0];
   CHECK_EQ(a->tensor, 2);
   CHECK_EQ(a->n_recompute, 3);
-  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
-  cap_sim_result_close(&base);
-  cap_plan_destroy(plan);
-  cap_profile_destroy(p);
+  finish(plan, p, &base);
 }
 
 /* Y (100 MB, 2 ms to make) and X (100 MB, 10 us) are made one after the
@@ -175,12 +183,10 @@ static void test_swap_exchanged_for_replay(void) {
   cap_profile_t *p = swap_or_replay();
   REQUIRE(p);
   cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 260 * MB);
   cap_sim_result_t base;
-  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
-  CHECK(base.peak_bytes > cfg.budget_bytes);
-  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  cap_plan_t *plan = start(p, 260 * MB, &cfg, &base);
   REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
   uint32_t tt, ta, y_list[] = {0};
   REQUIRE(cap__trigger_name(p, 7, 1, &tt, &ta));
   REQUIRE(cap_plan_add_swap(plan, 1, 1, tt, ta, 0) == 0);          /* X */
@@ -197,10 +203,7 @@ static void test_swap_exchanged_for_replay(void) {
     CHECK_EQ(plan->actions[i].method, plan->actions[i].tensor == 1
                                           ? CAP_METHOD_RECOMPUTE
                                           : CAP_METHOD_SWAP);
-  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
-  cap_sim_result_close(&base);
-  cap_plan_destroy(plan);
-  cap_profile_destroy(p);
+  finish(plan, p, &base);
 }
 
 /* A (100 MB) is made in 10 us and read again only at op6; D and E (150
@@ -241,12 +244,10 @@ static void test_late_swap_replayed(void) {
   cap_profile_t *p = late_swap();
   REQUIRE(p);
   cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 160 * MB);
   cap_sim_result_t base;
-  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
-  CHECK(base.peak_bytes > cfg.budget_bytes);
-  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  cap_plan_t *plan = start(p, 160 * MB, &cfg, &base);
   REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
   REQUIRE(cap_plan_add_swap(plan, 1, 1, CAP_NONE, 0, 0) == 0); /* on demand */
   REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
   REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
@@ -260,10 +261,7 @@ static void test_late_swap_replayed(void) {
   CHECK_EQ(a->n_recompute, 1);
   CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 10 * US);
   CHECK(plan->predicted_peak_bytes <= peak);
-  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
-  cap_sim_result_close(&base);
-  cap_plan_destroy(plan);
-  cap_profile_destroy(p);
+  finish(plan, p, &base);
 }
 
 int main(void) {
