@@ -303,6 +303,41 @@ static void test_merged_list_fault(void) {
   cap_client_destroy(j->c);
 }
 
+/* The same plan, but a2's own list [op1] cannot run at op5: a1 is
+ * released after op1 (a3's list rebuilds it as a temporary). While a3's
+ * list runs, a2 never needs its own; once a3 falls back to a swap (its
+ * callback failed on op2), a2's list would run and fail at op5 in every
+ * iteration after. The plan is walked again as it will run, and a2 falls
+ * back too. */
+static void test_merged_partner_falls_back(void) {
+  job_t *j = open_job_shaped(64 * MIB, &merged);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  run_iter(j, &st, &err);
+  cap_plan_t *p = cap_plan_create("merged", 64 * MIB);
+  uint32_t a3_ops[] = {0, 1, 2}, a2_ops[] = {1};
+  cap_plan_add_release(p, 1, 2);               /* a1 released after op1 */
+  cap_plan_add_recompute(p, 3, 2, a3_ops, 3);  /* back-access op4 */
+  cap_plan_add_recompute(p, 2, 2, a2_ops, 1);  /* back-access op5 */
+  CHECK_EQ(cap__client_load_plan(j->c, p), 0);
+  cap_plan_destroy(p);
+  int before = j->recomputes;
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(st.mode, CAP_MODE_GUIDED);
+  CHECK_EQ(j->recomputes - before, 3);
+  j->fail_at = j->recomputes + 3; /* op2, once op1 restored a2 */
+  CHECK_EQ(run_iter(j, &st, &err), 2); /* op4 and op6 cannot read a3 */
+  for (int i = 0; i < 2; i++) {
+    before = j->recomputes;
+    CHECK_EQ(run_iter(j, &st, &err), 0);
+    CHECK_EQ(j->recomputes, before);
+    CHECK_EQ(st.bytes_out, 16 * MIB); /* a2 and a3 swapped */
+  }
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
 static void test_bad_input(void) {
   job_t *j = open_job(64 * MIB);
   REQUIRE(j);
@@ -352,6 +387,7 @@ int main(void) {
   RUN_TEST(test_alloc_fault);
   RUN_TEST(test_recompute_fault);
   RUN_TEST(test_merged_list_fault);
+  RUN_TEST(test_merged_partner_falls_back);
   RUN_TEST(test_bad_input);
   return TEST_SUMMARY();
 }
