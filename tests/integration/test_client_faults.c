@@ -262,39 +262,53 @@ static void test_recompute_fault(void) {
   cap_client_destroy(j->c);
 }
 
-/* A merged list whose callback fails after it restored one of its two
- * tensors: a2, restored whole by op1 of a3's list [op1, op2], stays on the
- * device as the plan has it and op5 reads its bytes; a3's contents are
- * lost, so every op that reads it fails -- op6 too, which lists a3 as
- * input and output and used to be given fresh memory as if it only wrote
- * it (wrong bytes, no error). */
-static void test_merged_list_fault(void) {
+/* The merged shape under a plan whose list for a3 also restores a2 (one
+ * replay for both): [op1, op2], or with a1 released after op1, [op0, op1,
+ * op2]; a2's own list is [op1]. One guided iteration runs as planned; the
+ * callback is then set to fail on the list's last op, op2, once op1 has
+ * restored a2. */
+static job_t *merged_guided(bool release_a1) {
   job_t *j = open_job_shaped(64 * MIB, &merged);
-  REQUIRE(j);
+  if (!j)
+    return NULL;
   cap_iter_stats_t st;
   int err = 0;
   run_iter(j, &st, &err);
   cap_plan_t *p = cap_plan_create("merged", 64 * MIB);
-  uint32_t a3_ops[] = {1, 2}, a2_ops[] = {1};
-  cap_plan_add_recompute(p, 3, 2, a3_ops, 2); /* back-access op4 */
-  cap_plan_add_recompute(p, 2, 2, a2_ops, 1); /* back-access op5 */
-  p->version = 3;
+  uint32_t a3_ops[] = {0, 1, 2}, a2_ops[] = {1};
+  uint32_t n = release_a1 ? 3 : 2;
+  if (release_a1)
+    cap_plan_add_release(p, 1, 2);                  /* a1, after op1 */
+  cap_plan_add_recompute(p, 3, 2, a3_ops + 3 - n, n); /* back-access op4 */
+  cap_plan_add_recompute(p, 2, 2, a2_ops, 1);         /* back-access op5 */
   CHECK_EQ(cap__client_load_plan(j->c, p), 0);
   cap_plan_destroy(p);
   int before = j->recomputes;
   CHECK_EQ(run_iter(j, &st, &err), 0);
   CHECK_EQ(st.mode, CAP_MODE_GUIDED);
-  CHECK_EQ(j->recomputes - before, 2); /* one list restores a2 and a3 */
+  CHECK_EQ(j->recomputes - before, (int)n); /* a2's own list never runs */
   CHECK_EQ(j->mismatches, 0);
-  j->fail_at = j->recomputes + 2; /* op2, once op1 restored a2 */
-  int errs = run_iter(j, &st, &err);
-  CHECK_EQ(errs, 2); /* op4 and op6 cannot read a3 */
+  j->fail_at = j->recomputes + (int)n;
+  return j;
+}
+
+/* The merged list fails after restoring a2: a2, restored whole by op1,
+ * stays on the device as the plan has it and op5 reads its bytes; a3's
+ * contents are lost, so every op that reads it fails -- op6 too, which
+ * lists a3 as input and output and used to be given fresh memory as if it
+ * only wrote it (wrong bytes, no error). */
+static void test_merged_list_fault(void) {
+  job_t *j = merged_guided(false);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  CHECK_EQ(run_iter(j, &st, &err), 2); /* op4 and op6 cannot read a3 */
   CHECK_EQ(err, CAP_ERECOMPUTE);
   CHECK_EQ(j->mismatches, 0); /* a2 at op5 and a3 at op6: no wrong bytes */
   CHECK_EQ(j->recomputes, j->fail_at); /* a2's own list never ran */
   /* Then a3 is swapped and a2's own list runs at op5. */
   for (int i = 0; i < 2; i++) {
-    before = j->recomputes;
+    int before = j->recomputes;
     CHECK_EQ(run_iter(j, &st, &err), 0);
     CHECK_EQ(j->recomputes - before, 1);
     CHECK_EQ(st.bytes_out, 8 * MIB);
@@ -303,33 +317,18 @@ static void test_merged_list_fault(void) {
   cap_client_destroy(j->c);
 }
 
-/* The same plan, but a2's own list [op1] cannot run at op5: a1 is
- * released after op1 (a3's list rebuilds it as a temporary). While a3's
- * list runs, a2 never needs its own; once a3 falls back to a swap (its
- * callback failed on op2), a2's list would run and fail at op5 in every
- * iteration after. The plan is walked again as it will run, and a2 falls
- * back too. */
+/* With a1 released, a2's own list [op1] cannot run at op5 (a3's list
+ * rebuilds a1 as a temporary). Once a3 falls back to a swap, a2's list
+ * would run and fail at op5 in every iteration after: the plan is walked
+ * again as it will run, and a2 falls back too. */
 static void test_merged_partner_falls_back(void) {
-  job_t *j = open_job_shaped(64 * MIB, &merged);
+  job_t *j = merged_guided(true);
   REQUIRE(j);
   cap_iter_stats_t st;
   int err = 0;
-  run_iter(j, &st, &err);
-  cap_plan_t *p = cap_plan_create("merged", 64 * MIB);
-  uint32_t a3_ops[] = {0, 1, 2}, a2_ops[] = {1};
-  cap_plan_add_release(p, 1, 2);               /* a1 released after op1 */
-  cap_plan_add_recompute(p, 3, 2, a3_ops, 3);  /* back-access op4 */
-  cap_plan_add_recompute(p, 2, 2, a2_ops, 1);  /* back-access op5 */
-  CHECK_EQ(cap__client_load_plan(j->c, p), 0);
-  cap_plan_destroy(p);
-  int before = j->recomputes;
-  CHECK_EQ(run_iter(j, &st, &err), 0);
-  CHECK_EQ(st.mode, CAP_MODE_GUIDED);
-  CHECK_EQ(j->recomputes - before, 3);
-  j->fail_at = j->recomputes + 3; /* op2, once op1 restored a2 */
   CHECK_EQ(run_iter(j, &st, &err), 2); /* op4 and op6 cannot read a3 */
   for (int i = 0; i < 2; i++) {
-    before = j->recomputes;
+    int before = j->recomputes;
     CHECK_EQ(run_iter(j, &st, &err), 0);
     CHECK_EQ(j->recomputes, before);
     CHECK_EQ(st.bytes_out, 16 * MIB); /* a2 and a3 swapped */
