@@ -491,6 +491,14 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
     if (c->mode == CAP_MODE_MEASURED)
       update_signature(c);
   }
+  if (c->x.plan && c->log_last_valid && c->n_failed != c->x.n_failed_walked) {
+    /* Actions fell back in this iteration: walk the plan again as it will
+     * run now, so that a list that counted on one of them (a merged list's
+     * partner) falls back too, before it runs where it cannot. */
+    cap_plan_t *p = cap_plan_clone(c->x.plan);
+    if (p)
+      cap__x_install(c, p);
+  }
   /* Hand the stats, the errors and the feedback to the reporter. */
   cap__iter_errors_t *errs = iter_errors(c);
   pthread_mutex_lock(&c->mu);

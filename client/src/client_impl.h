@@ -298,6 +298,7 @@ typedef struct cap__xplan {
                              out (no fallback) replays that op */
   uint32_t n_replays;     /* op seqs covered by replays */
   uint32_t n_refused;     /* actions the install-time walk refused */
+  uint32_t n_failed_walked; /* the client's failed actions it walked with */
   char note[256];         /* the first of them and why */
   /* Placement: the plan's blocks found by (tensor, kind, action), an open
    * addressing table of block indices (CAP_NONE: empty); mask 0: none. */

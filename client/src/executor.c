@@ -136,10 +136,15 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
   for (uint32_t i = 0; i < nu; i++) {
     uint32_t id = c->op_ids[i];
     if (c->tensors[id].state != CAP__T_DEVICE) {
-      bool is_out = false;
-      for (uint32_t j = 0; j < n_out && !is_out; j++)
-        is_out = out[j] == id;
-      rc = cap__ensure_resident(c, id, is_out);
+      /* Only an op that writes the tensor without reading it may get fresh
+       * memory for lost contents: one listing it on both sides (relu_,
+       * detach, add_) reads what a failed recompute never restored. */
+      bool only_out = false;
+      for (uint32_t j = 0; j < n_out && !only_out; j++)
+        only_out = out[j] == id;
+      for (uint32_t j = 0; j < n_in && only_out; j++)
+        only_out = in[j] != id;
+      rc = cap__ensure_resident(c, id, only_out);
       if (rc < 0)
         goto out_unpin;
     }

@@ -64,23 +64,50 @@ static int mark_replays(const cap_plan_t *plan, cap__xplan_t *x) {
   return 0;
 }
 
+/* Action a carried out as the executor does when it falls back. */
+static void as_swap(cap_action_t *a) {
+  a->method = CAP_METHOD_SWAP;
+  a->recompute_off = a->n_recompute = 0;
+  a->prefetch_tensor = CAP_NONE;
+  a->prefetch_access = 0;
+}
+
+/* The plan as the executor will run it: the actions that fall back
+ * swapped. NULL when out of memory. */
+static cap_plan_t *as_run(const cap_plan_t *plan, const cap__xplan_t *x) {
+  cap_plan_t *w = cap_plan_clone(plan);
+  for (uint32_t i = 0; w && i < w->n_actions; i++)
+    if (x->fallback[i])
+      as_swap(&w->actions[i]);
+  return w;
+}
+
 /* The plan walked over the last iteration's log (docs/plan-semantics.md,
- * the walk the daemon's validator and simulator use): an action whose list
- * cannot run here exactly as written is carried out as a swap from the
- * start, and the daemon is told. A plan that does not fit the log at all
- * (accesses that do not exist) is refused with the validator's message. */
+ * the walk the daemon's validator and simulator use), with the actions
+ * that already fall back swapped: an action whose list cannot run here
+ * exactly as written is carried out as a swap from the start, and the
+ * daemon is told. (A list may count on another action's list: one merged
+ * list restores two tensors, and when the other falls back, this one's
+ * list runs where the plan never checked it.) A plan that does not fit the
+ * log at all (accesses that do not exist) is refused with the validator's
+ * message. */
 static int check_against_log(cap_client_t *c, const cap_plan_t *plan,
                              cap__xplan_t *x) {
   cap_profile_t *p = NULL;
   if (cap__oplog_profile(c, &c->log_last, &p) < 0)
     return 0; /* the log does not make a profile: the executor still checks */
-  char err[224];
+  char err[224] = "";
   int rc = cap_plan_validate(plan, p, err, sizeof err);
+  bool falls_back = false;
+  for (uint32_t i = 0; i < plan->n_actions && !falls_back; i++)
+    falls_back = x->fallback[i];
+  if (rc == 0 && falls_back)
+    rc = CAP_EINVAL; /* walk it as it will run */
   cap_plan_t *walked = NULL;
   /* each round swaps one more action: at most one per action */
   for (uint32_t n = 0; rc == CAP_EINVAL && n <= plan->n_actions; n++) {
     cap_plan_fault_t f;
-    if (!walked && !(walked = cap_plan_clone(plan))) {
+    if (!walked && !(walked = as_run(plan, x))) {
       rc = CAP_ENOMEM;
       break;
     }
@@ -102,10 +129,7 @@ static int check_against_log(cap_client_t *c, const cap_plan_t *plan,
     }
     x->fallback[f.action] = 1;
     cap__note_failed(c, a->tensor, a->evict_after_access);
-    a->method = CAP_METHOD_SWAP;
-    a->recompute_off = a->n_recompute = 0;
-    a->prefetch_tensor = CAP_NONE;
-    a->prefetch_access = 0;
+    as_swap(a);
   }
   cap_plan_destroy(walked);
   cap_profile_destroy(p);
@@ -156,6 +180,7 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   }
   if (c->log_last_valid && (rc = check_against_log(c, plan, &x)) < 0)
     goto out;
+  x.n_failed_walked = c->n_failed;
   rc = CAP_ENOMEM;
   if (mark_replays(plan, &x) < 0)
     goto out;

@@ -159,12 +159,45 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
   return 0;
 }
 
+/* Whether tensor tid, restored by a listed op that ran, holds its final
+ * bytes although the list failed at its op rest[0]: no op from there on
+ * (the failed one, or one that did not run) writes it. Such a tensor stays
+ * restored, as the plan has it: a list merged from two (one replay for two
+ * dropped tensors) that fails after restoring the other one leaves that
+ * one on the device, correct, rather than make its own list run where the
+ * plan never checked it. */
+static bool restored_whole(const cap_client_t *c, const uint32_t *rest,
+                           uint32_t n_rest, uint32_t tid) {
+  for (uint32_t i = 0; i < n_rest; i++) {
+    if (rest[i] >= c->log_last.n_ops)
+      return false;
+    const cap__oplog_op_t *op = &c->log_last.ops[rest[i]];
+    const uint32_t *outs = c->log_last.ids + op->off + op->n_in;
+    for (uint32_t j = 0; j < op->n_out; j++)
+      if (outs[j] == tid)
+        return false;
+  }
+  return true;
+}
+
+/* A restored tensor whose bytes the failed list did not finish: dropped
+ * again (its own list or a fallback brings it back). */
+static void unrestore(cap_client_t *c, uint32_t tid) {
+  cap__tensor_t *u = &c->tensors[tid];
+  if (u->state != CAP__T_DEVICE)
+    return;
+  cap__tmem_free(c, tid, u->dev);
+  u->dev = NULL;
+  u->state = CAP__T_DROPPED;
+}
+
 /* Replay the lineage ops of a dropped tensor through the framework, exactly
  * as the plan lists them: every input of a listed op is an output of an
  * earlier listed op or on the device (docs/plan-semantics.md). Nothing is
  * recomputed implicitly; a missing input fails the list with a message
- * naming the op, the tensor, the action and the reason, and the list leaves
- * nothing behind. */
+ * naming the op, the tensor, the action and the reason; a failed list
+ * leaves behind only the dropped tensors its ops that ran restored whole
+ * (restored_whole), never a temporary or a half-made tensor. */
 int cap__recompute(cap_client_t *c, uint32_t id) {
   cap__tensor_t *t = &c->tensors[id];
   const cap__xplan_t *x = &c->x;
@@ -180,6 +213,7 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
   const uint32_t *ops = cap_action_recompute_ops(x->plan, a);
   list_run_t r = {0};
   int rc = 0;
+  uint32_t failed = a->n_recompute; /* the listed op that failed, if any */
   for (uint32_t i = 0; i < a->n_recompute && rc == 0; i++) {
     if (ops[i] >= c->log_last.n_ops) {
       cap__set_error(c, "op %u %s: recompute of tensor %u (action %u) lists "
@@ -187,6 +221,7 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
                      c->op_seq, c->op_name, id, t->out_action, ops[i],
                      c->log_last.n_ops);
       rc = CAP_ERECOMPUTE;
+      failed = i;
       break;
     }
     const cap__oplog_op_t *op = &c->log_last.ops[ops[i]];
@@ -221,6 +256,8 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
     }
     free(ptrs);
     free(pinned);
+    if (rc < 0)
+      failed = i;
   }
   if (rc == 0 && t->state != CAP__T_DEVICE) {
     cap__set_error(c, "op %u %s: recompute of tensor %u (action %u): its "
@@ -230,14 +267,10 @@ int cap__recompute(cap_client_t *c, uint32_t id) {
   }
   for (uint32_t i = 0; i < r.n_temps; i++)
     cap__tmem_free(c, r.temps[i].id, r.temps[i].ptr);
-  for (uint32_t i = 0; i < r.n_restored && rc < 0; i++) {
-    cap__tensor_t *u = &c->tensors[r.restored[i]];
-    if (u->state == CAP__T_DEVICE) {
-      cap__tmem_free(c, r.restored[i], u->dev);
-      u->dev = NULL;
-      u->state = CAP__T_DROPPED;
-    }
-  }
+  for (uint32_t k = 0; k < r.n_restored && rc < 0; k++)
+    if (!restored_whole(c, ops + failed, a->n_recompute - failed,
+                        r.restored[k]))
+      unrestore(c, r.restored[k]);
   free(r.temps);
   free(r.restored);
   atomic_store(&c->ctr.device_bytes, cap__dev_in_use(c->dev));

@@ -174,17 +174,18 @@ static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
     /* fall through */
   case CAP__T_DECLARED:
   case CAP__T_LOST: {
+    /* Lost contents stay lost for every op that reads them (it fails), not
+     * only the first: memory given here would hold wrong bytes. */
+    if (t->state == CAP__T_LOST && !is_output) {
+      cap__set_error(c, "tensor %u: contents were lost (failed recompute)", id);
+      return CAP_ERECOMPUTE;
+    }
     void *p = NULL;
     rc = cap__tmem_alloc(c, id, &p, true);
     if (rc < 0)
       return rc;
     t->dev = p;
-    bool lost = t->state == CAP__T_LOST;
     t->state = CAP__T_DEVICE;
-    if (lost && !is_output) {
-      cap__set_error(c, "tensor %u: contents were lost (failed recompute)", id);
-      return CAP_ERECOMPUTE;
-    }
     return 0;
   }
   case CAP__T_OUT: {

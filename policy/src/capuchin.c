@@ -23,7 +23,8 @@
  * much of the over-budget region a choice covers, one ranking for swaps and
  * recomputes, aiming a little under the budget, stricter or looser pushing
  * back of queued swap-outs, copies booked at each direction's full rate,
- * hidden swaps given first to the tensors costliest to replay) whose best
+ * hidden swaps given first to the tensors costliest to replay, replays
+ * ranked by their cost beyond the lists they make unnecessary) whose best
  * simulated plan wins; several evictions per tensor (every access gap is a
  * candidate); nested restores (a replay may use a source the plan drops or
  * swaps, and brings it back); a local search under the simulator on the
@@ -41,6 +42,10 @@
 #define MAX_ROUNDS 12
 #define PORTFOLIO_FULL_OPS 20000u /* profiles up to this run every variant */
 #define IMPROVE_TRIES 64u /* replays the local search tries as swaps */
+/* Profiles under CAP__SMALL_OPS get TRIES_OPS / n_ops times the tries (up
+ * to 4x) and the search repeated while it helps. */
+#define TRIES_OPS 4000u
+#define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -301,6 +306,12 @@ static int eval_gap(cap__ctx_t *c, uint32_t gi, int64_t target, opt_t *o) {
   int rc = cap__rc_build(c, g, &cost, &extra);
   if (rc == CAP_ENOMEM)
     return rc;
+  /* what the replay costs beyond the lists it makes unnecessary */
+  if (rc == 0 && c->share_lineage) {
+    cost -= cap__rc_saved(c, g->b);
+    if (cost < 0)
+      cost = 0;
+  }
   /* an exposed swap costs at least its swap-in: skip it when the replay
    * is cheaper anyway */
   bool have_swap = false;
@@ -512,6 +523,9 @@ typedef struct variant {
    * (no lineage: first of all), not the largest free time: the copy
    * engines' time then goes where recompute would cost most. */
   bool costly_first;
+  /* A replay that brings back dropped tensors whose own lists then never
+   * run is ranked by its cost beyond those lists (cap__rc_saved). */
+  bool share_lineage;
 } variant_t;
 
 static bool better(const cap_plan_t *a, const cap_plan_t *b, uint64_t budget) {
@@ -549,6 +563,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   c.weigh_cover = v->weigh_cover;
   c.loose_push = v->loose_push;
   c.no_fetch = v->no_fetch;
+  c.share_lineage = v->share_lineage;
   if (v->full_rate) {
     c.d2h_gbps = cfg->bw.d2h_gbps;
     c.h2d_gbps = cfg->bw.h2d_gbps;
@@ -691,9 +706,10 @@ static const variant_t variants[] = {
      * MSPS weighted by coverage */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
      .loose_push = true, .full_rate = true},
-    /* ... plain MSPS */
+    /* ... plain MSPS, a replay ranked by its cost beyond the lists of the
+     * dropped tensors it brings back as well (cap__rc_saved) */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = false,
-     .loose_push = true, .full_rate = true},
+     .loose_push = true, .full_rate = true, .share_lineage = true},
     /* the copy engines' time to the tensors costliest to replay per byte
      * (a transformer's matrix products) rather than to the longest gaps */
     {.swaps_first = true, .push_back = true, .aim = 1.0, .weigh_cover = true,
@@ -895,11 +911,29 @@ static int replan_without(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return rc;
 }
 
+/* The local search with `tries`, then (on profiles under CAP__SMALL_OPS)
+ * again with half as many each time while a pass finds something: a kept
+ * change opens others (a merged replay, an exchanged swap move the copies
+ * and the memory the next moves see). */
+static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
+                           const cap_plan_config_t *cfg, uint32_t tries) {
+  int rc = 0;
+  for (uint32_t t = tries; !rc && t > 0; t /= 2) {
+    int64_t before = plan->predicted_iter_ns;
+    rc = cap__plan_improve(plan, p, cfg, t);
+    if (plan->predicted_iter_ns >= before || t / 2 < SEARCH_MIN_TRIES ||
+        p->n_ops >= CAP__SMALL_OPS)
+      break;
+  }
+  return rc;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
- * RUNNERS_UP (the search may take one of them further), then the winning
- * variant again without the costliest replays. *out is the best plan,
+ * RUNNERS_UP (the search may take one of them further), each repeated
+ * while it finds something, then the winning variant again without the
+ * costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
@@ -929,11 +963,15 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   uint32_t tries = IMPROVE_TRIES;
   if (p->n_ops > PORTFOLIO_FULL_OPS)
     tries = (uint32_t)((uint64_t)tries * PORTFOLIO_FULL_OPS / p->n_ops);
+  else if (p->n_ops < CAP__SMALL_OPS)
+    tries = (uint32_t)((uint64_t)tries * TRIES_OPS / (p->n_ops + 1));
+  if (tries > 4 * IMPROVE_TRIES)
+    tries = 4 * IMPROVE_TRIES;
   if (!rc)
-    rc = cap__plan_improve(best, p, cfg, tries);
+    rc = search_repeated(best, p, cfg, tries);
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
     if (!rc && runners[r]) {
-      rc = cap__plan_improve(runners[r], p, cfg, tries / 4);
+      rc = search_repeated(runners[r], p, cfg, tries / 4);
       if (!rc) {
         keep_better(&best, runners[r], cfg->budget_bytes);
         runners[r] = NULL;
@@ -946,7 +984,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = replan_without(p, cfg, &variants[bv], &best);
     /* a plan found again has not been searched yet */
     if (!rc && best->predicted_iter_ns < before)
-      rc = cap__plan_improve(best, p, cfg, tries / 2);
+      rc = search_repeated(best, p, cfg, tries / 2);
   }
   if (rc) {
     cap_plan_destroy(best);

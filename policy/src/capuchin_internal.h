@@ -133,6 +133,7 @@ typedef struct cap__ctx {
   bool loose_push;    /* ... up to the current peak, not just the target */
   bool no_fetch;      /* replays may not fetch swapped-out sources */
   bool weigh_cover;   /* rank by MSPS x share of the over-target region */
+  bool share_lineage; /* rank replays by cost beyond cap__rc_saved */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
   /* per tensor: back-access ops at which a chosen recompute list reads or
    * writes it; evicting the tensor over such an op would break that list */
@@ -148,6 +149,10 @@ typedef struct cap__ctx {
   uint32_t *opmark;  /* per op: generation it was listed in */
   cap__u32vec_t list, stack, stack_ver, touched;
   cap__u32vec_t restored; /* choices a built list brings back early */
+  /* restored[0 .. n_sources_restored): sources the list reads, brought
+   * back by their own lists run before it (not in its cost); the rest are
+   * outputs of its own ops (in its cost) */
+  uint32_t n_sources_restored;
 } cap__ctx_t;
 
 int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
@@ -223,10 +228,18 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
                           int64_t stall_ns, int64_t step_ns, uint32_t *tt,
                           uint32_t *ta);
 
+/* Profiles shorter than this get the whole local search (more tries, the
+ * search repeated, the moves on pairs of actions); bert_large (3341 ops),
+ * whose planning time at 50 % is bounded, and longer profiles the plain
+ * one. */
+#define CAP__SMALL_OPS 3000u
+
 /* Local search on a plan that fits cfg->budget_bytes: tries its costliest
  * replays (at most max_tries) as just-in-time swaps, leaves out costly
  * evictions, starts late prefetches earlier by their lateness, gives
- * stalling swaps prefetches, and keeps each change that the
+ * stalling swaps prefetches, merges replays that share ops into one list,
+ * exchanges costly replays for swaps cheaper to replay, and keeps each
+ * change that the
  * simulator finds faster and no higher at its peak; plan is replaced in
  * place, its predictions kept current. A plan that does not fit is left as it is.
  * Returns 0 or CAP_ENOMEM (improve.c). */
@@ -241,6 +254,13 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
  * place since, a source the plan has evicted, list too long). */
 int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
                   int64_t *extra_bytes);
+/* Replay time of the chosen lists that the list in c->list (built for a
+ * back-access at op b) makes unnecessary: each dropped tensor its own ops
+ * bring back whose own back-access comes later finds it on the device and
+ * never runs its own list. Two tensors with a common ancestor then pay for
+ * it once, as one segment. (A dropped source the list reads is brought
+ * back by its own list, which is not in the list's cost: nothing saved.) */
+int64_t cap__rc_saved(const cap__ctx_t *c, uint32_t b);
 /* Register the list in c->list as used at op b (see cap__first_use). */
 int cap__rc_register(cap__ctx_t *c, uint32_t b);
 /* Memory saving per second, bytes / ns scaled, for ranking. */

@@ -20,6 +20,11 @@
  * alongside compute, a group at a time: a group the simulator accepts
  * (no higher, faster) is kept whole, one it refuses is split in two and each
  * half tried, as long as simulations are left.
+ *
+ * Then replays that share ops merge into the earlier one's list (one replay
+ * restores both tensors), and the costliest replays are exchanged for
+ * swaps that are cheaper to replay, the replay's tensor taking the swap's
+ * copy-engine time.
  */
 #include <stdlib.h>
 
@@ -69,13 +74,65 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
          cap_plan_validate(next, p, NULL, 0) == 0;
 }
 
-enum { TO_SWAP, DROP, EARLIER };
+/* Action a becomes a swap whose prefetch lands just in time on idle
+ * engines (cap__earlier_trigger), on demand when none can. */
+static void make_swap(cap_action_t *a, const cap_profile_t *p,
+                      const cap_plan_config_t *cfg) {
+  uint32_t tt, ta;
+  a->method = CAP_METHOD_SWAP;
+  a->recompute_off = a->n_recompute = 0;
+  a->flags = 0;
+  a->prefetch_tensor = CAP_NONE;
+  a->prefetch_access = 0;
+  int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
+  if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
+    a->prefetch_tensor = tt;
+    a->prefetch_access = ta;
+  }
+}
+
+#define LINEAGE_MAX_OPS 16u /* longest lineage a swap may turn into */
+
+/* Replay time of the lineage of swap action a, its sources taken as on the
+ * device (make_explicit adds what is not); -1 when it has none. The list
+ * is left in l. */
+static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                      const cap_action_t *a, int64_t *ns) {
+  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
+  uint32_t back =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  *ns = -1;
+  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, LINEAGE_MAX_OPS);
+  if (rc == CAP_ENOENT)
+    return 0;
+  if (rc)
+    return rc;
+  *ns = 0;
+  for (uint32_t i = 0; i < l->n_ops; i++)
+    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
+  return 0;
+}
+
+/* Action ai of plan replays the list in l instead of swapping. */
+static int set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
+  cap_action_t *x = &plan->actions[ai];
+  x->method = CAP_METHOD_RECOMPUTE;
+  x->flags = 0;
+  x->prefetch_tensor = CAP_NONE;
+  x->prefetch_access = 0;
+  return cap__plan_set_list(plan, ai, l->ops, l->n_ops);
+}
+
+enum { TO_SWAP, DROP, EARLIER, TO_REPLAY };
 
 /* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
- * with the eviction of (tensor, k) left out (DROP: the tensor stays), or
+ * with the eviction of (tensor, k) left out (DROP: the tensor stays),
  * with the prefetch of the swap of (tensor, k) started its lateness (cd's
- * cost) earlier (EARLIER), made explicit and simulated; NULL in *out when
- * there is nothing to change or its lists cannot run as written. */
+ * cost) earlier (EARLIER), or with that late swap replayed instead when
+ * its lineage takes less than the lateness (TO_REPLAY: a prefetch no
+ * trigger can bring in time, of a tensor cheap to rebuild), made explicit
+ * and simulated; NULL in *out when there is nothing to change or its lists
+ * cannot run as written. */
 static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
@@ -83,17 +140,38 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
       (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
-      (how == EARLIER && plan->actions[ai].method != CAP_METHOD_SWAP))
+      ((how == EARLIER || how == TO_REPLAY) &&
+       plan->actions[ai].method != CAP_METHOD_SWAP))
     return 0;
+  cap__lineage_t lin = {0};
+  if (how == TO_REPLAY) {
+    int64_t ns;
+    int rc = lineage_ns(&lin, p, &plan->actions[ai], &ns);
+    if (rc || ns < 0 || ns >= cd->cost_ns) {
+      cap__lineage_close(&lin);
+      return rc;
+    }
+  }
   uint32_t tt, ta;
   if (how == EARLIER &&
       !cap__earlier_trigger(p, &plan->actions[ai], cd->cost_ns,
                             cfg->trigger_margin_ns, &tt, &ta))
     return 0;
   cap_plan_t *next = cap_plan_clone(plan);
-  if (!next)
+  if (!next) {
+    cap__lineage_close(&lin);
     return CAP_ENOMEM;
+  }
   cap_action_t *a = &next->actions[ai];
+  if (how == TO_REPLAY) {
+    int rc = set_replay(next, ai, &lin);
+    cap__lineage_close(&lin);
+    if (rc) {
+      cap_plan_destroy(next);
+      return rc;
+    }
+    goto explicit;
+  }
   if (how == DROP) {
     /* its list ops stay in the pool, unused */
     next->actions[ai] = next->actions[--next->n_actions];
@@ -104,17 +182,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     a->prefetch_access = ta;
     goto explicit;
   }
-  a->method = CAP_METHOD_SWAP;
-  a->recompute_off = a->n_recompute = 0;
-  a->flags = 0;
-  a->prefetch_tensor = CAP_NONE;
-  a->prefetch_access = 0;
-  if (cap__earlier_trigger(p, a,
-                           cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps),
-                           cfg->trigger_margin_ns, &tt, &ta)) {
-    a->prefetch_tensor = tt;
-    a->prefetch_access = ta;
-  }
+  make_swap(a, p, cfg);
 explicit:;
   int rc = cap__plan_make_explicit(next, p, NULL);
   if (rc) {
@@ -248,8 +316,8 @@ static int stalls(const cap_plan_t *plan, const cap_profile_t *p,
 
 /* One move over the costliest candidates: TO_SWAP for replays (cost: their
  * list's time), DROP for replays and late prefetches (cost: list time or
- * stall). Each change the simulator finds faster and no higher at its peak
- * is kept. */
+ * stall), EARLIER and TO_REPLAY for late prefetches (cost: stall). Each
+ * change the simulator finds faster and no higher at its peak is kept. */
 static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -268,7 +336,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE && how != EARLIER)
+    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP))
       cost = cap__replay_ns(plan, p, a);
     else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
@@ -294,10 +362,236 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* --- replays that share their lineage ------------------------------------
+ * The greedy builds each recompute list alone, so two dropped tensors made
+ * by the same few ops each pay for them: a CNN's batch-norm output (kept
+ * for the next conv's backward) and its clone before the in-place
+ * activation (kept for the activation's backward) both replay the batch
+ * norm. One replay of the union at the earlier back-access restores both
+ * (a list brings back every dropped tensor it produces), so the later list
+ * never runs; the price is holding that tensor from the earlier
+ * back-access on, which the simulator weighs. */
+
+#define SHARE_MAX_OPS 128u /* longest merged list */
+/* candidates looked at per try allowed (a look scans the whole plan) */
+#define SCAN_PER_TRY 4u
+
+/* Time of the ops both sorted lists replay, ns. */
+static int64_t shared_ns(const cap_profile_t *p, const uint32_t *x,
+                         uint32_t nx, const uint32_t *y, uint32_t ny) {
+  int64_t ns = 0;
+  for (uint32_t i = 0, j = 0; i < nx && j < ny;) {
+    if (x[i] < y[j]) {
+      i++;
+    } else if (y[j] < x[i]) {
+      j++;
+    } else {
+      ns += p->ops[x[i]].end_ns - p->ops[x[i]].start_ns;
+      i++, j++;
+    }
+  }
+  return ns;
+}
+
+/* The replay that best takes over action bi's: back-access while bi's
+ * tensor is off the device (after its evicted-access, before its own
+ * back-access), sharing the most replay time with it (the latest such
+ * back-access on a tie: the tensor comes back least early). CAP_NONE
+ * when no replay shares an op. */
+static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
+                              uint32_t bi) {
+  const cap_action_t *b = &plan->actions[bi];
+  uint32_t out = cap_profile_access_op(p, b->tensor, b->evict_after_access);
+  uint32_t back =
+      cap_profile_access_op(p, b->tensor, b->evict_after_access + 1);
+  const uint32_t *y = cap_action_recompute_ops(plan, b);
+  uint32_t best = CAP_NONE, best_back = 0;
+  int64_t best_ns = 0;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute)
+      continue;
+    uint32_t ab =
+        cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+    if (ab <= out || ab >= back)
+      continue;
+    int64_t ns = shared_ns(p, cap_action_recompute_ops(plan, a), a->n_recompute,
+                           y, b->n_recompute);
+    if (ns > best_ns || (ns == best_ns && ns > 0 && ab > best_back)) {
+      best = i;
+      best_ns = ns;
+      best_back = ab;
+    }
+  }
+  return best;
+}
+
+/* For the costliest replays (at most max_tries), merge each into its
+ * partner's list; keep each merge the simulator finds faster and no higher
+ * at its peak. */
+static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_tries) {
+  uint64_t limit = plan->predicted_peak_bytes;
+  cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
+  if (!cands)
+    return CAP_ENOMEM;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method == CAP_METHOD_RECOMPUTE && a->n_recompute)
+      cands[n++] = (cand_t){cap__replay_ns(plan, p, a), a->tensor,
+                            a->evict_after_access};
+  }
+  qsort(cands, n, sizeof *cands, cmp_cand);
+  int rc = 0;
+  /* each look for a partner scans the plan: the costliest few only */
+  for (uint32_t i = 0, tries = 0;
+       i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
+    uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
+    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, bi);
+    if (ai == CAP_NONE)
+      continue;
+    tries++;
+    cap_plan_t *next = cap_plan_clone(plan);
+    if (!next)
+      return free(cands), CAP_ENOMEM;
+    rc = cap__plan_merge_lists(next, ai, bi, SHARE_MAX_OPS);
+    bool ok = false;
+    if (!rc)
+      rc = simulate(next, p, &cfg->bw, &ok);
+    else if (rc == CAP_ENOENT)
+      rc = 0;
+    if (ok && keep(next, plan, p, limit)) {
+      cap_plan_t tmp = *plan;
+      *plan = *next;
+      *next = tmp;
+    }
+    cap_plan_destroy(next);
+  }
+  free(cands);
+  return rc;
+}
+
+/* --- a swap exchanged for a replay -----------------------------------------
+ * The greedy gives the D2H engine's time away one tensor at a time, in
+ * free-time (or replay-cost) order; a tensor it swapped early may replay
+ * cheaply while one it could no longer swap replays dearly. Exchange them:
+ * the cheap one is replayed (its lineage, with what is off the device
+ * rebuilt by cap__plan_make_explicit), the costly one swapped just in time
+ * on the copy-engine time the first leaves (it is at least as large and
+ * copied out no later). */
+
+/* The cheapest swap to replay in place of replay yi: cheaper than it,
+ * at least as large, and (when before) copied out no later; CAP_NONE when
+ * none. */
+static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
+                                 const int64_t *swap_ns, uint32_t yi,
+                                 int64_t y_ns, bool before) {
+  const cap_action_t *y = &plan->actions[yi];
+  uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
+  uint64_t y_bytes = p->tensors[y->tensor].bytes;
+  uint32_t xi = CAP_NONE;
+  int64_t best = y_ns;
+  for (uint32_t j = 0; j < plan->n_actions; j++) {
+    const cap_action_t *x = &plan->actions[j];
+    if (swap_ns[j] < 0 || swap_ns[j] >= best ||
+        x->method != CAP_METHOD_SWAP ||
+        p->tensors[x->tensor].bytes < y_bytes ||
+        (before &&
+         cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out))
+      continue;
+    xi = j;
+    best = swap_ns[j];
+  }
+  return xi;
+}
+
+/* Replay swap xi and swap replay yi in a copy of plan; *kept when the
+ * simulator accepts it (plan then holds it). */
+static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
+                        const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                        uint32_t xi, uint32_t yi, uint64_t limit, bool *kept) {
+  *kept = false;
+  int64_t ns;
+  int rc = lineage_ns(lin, p, &plan->actions[xi], &ns);
+  if (rc || ns < 0)
+    return rc;
+  cap_plan_t *next = cap_plan_clone(plan);
+  if (!next)
+    return CAP_ENOMEM;
+  rc = set_replay(next, xi, lin);
+  make_swap(&next->actions[yi], p, cfg);
+  if (!rc)
+    rc = cap__plan_make_explicit(next, p, NULL);
+  bool ok = false;
+  if (!rc)
+    rc = simulate(next, p, &cfg->bw, &ok);
+  if (ok && keep(next, plan, p, limit)) {
+    cap_plan_t tmp = *plan;
+    *plan = *next;
+    *next = tmp;
+    *kept = true;
+  }
+  cap_plan_destroy(next);
+  return rc;
+}
+
+static int exchange(cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, uint32_t max_tries) {
+  uint64_t limit = plan->predicted_peak_bytes;
+  uint32_t n_act = plan->n_actions;
+  cand_t *cands = malloc(((size_t)n_act + 1) * sizeof *cands);
+  int64_t *swap_ns = malloc(((size_t)n_act + 1) * sizeof *swap_ns);
+  cap__lineage_t lin = {0};
+  int rc = cands && swap_ns ? 0 : CAP_ENOMEM;
+  uint32_t n = 0;
+  /* the replay time of each swap, fixed for the search: an exchange that
+   * is kept changes other lists only through make_explicit */
+  for (uint32_t i = 0; i < n_act && !rc; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    swap_ns[i] = -1;
+    if (a->method == CAP_METHOD_SWAP)
+      rc = lineage_ns(&lin, p, a, &swap_ns[i]);
+    else if (!cap_action_is_release(a))
+      cands[n++] = (cand_t){cap__replay_ns(plan, p, a), a->tensor,
+                            a->evict_after_access};
+  }
+  if (!rc)
+    qsort(cands, n, sizeof *cands, cmp_cand);
+  for (uint32_t i = 0, tries = 0;
+       i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
+    uint32_t yi = find_action(plan, cands[i].tensor, cands[i].k);
+    if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
+      continue;
+    /* first a swap whose copy out the replay's can take over; then any:
+     * a later copy out that the engine then runs earlier */
+    uint32_t tried = CAP_NONE;
+    bool kept = false;
+    for (int before = 1; before >= 0 && !kept && !rc; before--) {
+      uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
+                                     before);
+      if (xi == CAP_NONE || xi == tried)
+        continue;
+      tries++;
+      tried = xi;
+      rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
+      if (kept)
+        swap_ns[xi] = -1; /* a replay now */
+    }
+  }
+  cap__lineage_close(&lin);
+  free(cands);
+  free(swap_ns);
+  return rc;
+}
+
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
     return 0;
+  /* the moves on pairs of actions scan the plan for partners: on short
+   * profiles only, where planning time is to spare */
+  uint32_t pair_tries = p->n_ops < CAP__SMALL_OPS ? max_tries : 0;
   int rc = search(plan, p, cfg, TO_SWAP, max_tries);
   if (!rc)
     rc = search(plan, p, cfg, DROP, max_tries / 8);
@@ -305,5 +599,11 @@ int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
     rc = search(plan, p, cfg, EARLIER, max_tries / 2);
   if (!rc)
     rc = upgrade_swaps(plan, p, cfg, max_tries);
+  if (!rc)
+    rc = search(plan, p, cfg, TO_REPLAY, max_tries / 2);
+  if (!rc && pair_tries)
+    rc = share_replays(plan, p, cfg, pair_tries);
+  if (!rc && pair_tries)
+    rc = exchange(plan, p, cfg, pair_tries);
   return rc;
 }

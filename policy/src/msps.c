@@ -164,6 +164,7 @@ int cap__rc_build(cap__ctx_t *c, const cap__gap_t *g, int64_t *cost_ns,
     }
   }
 
+  c->n_sources_restored = c->restored.n;
   if (c->list.n > 1)
     qsort(c->list.v, c->list.n, sizeof *c->list.v, cmp_u32);
   int64_t cost = 0, extra = 0;
@@ -212,4 +213,15 @@ int cap__rc_register(cap__ctx_t *c, uint32_t b) {
     if (cap__u32vec_push(&c->uses[c->touched.v[i]], b))
       return CAP_ENOMEM;
   return 0;
+}
+
+int64_t cap__rc_saved(const cap__ctx_t *c, uint32_t b) {
+  int64_t saved = 0;
+  for (uint32_t i = c->n_sources_restored; i < c->restored.n; i++) {
+    const cap__choice_t *r = &c->ch[c->restored.v[i]];
+    if (r->method == CAP_METHOD_RECOMPUTE && !r->release &&
+        r->save_lo <= b && c->gaps[r->gap].b > b)
+      saved += r->cost_ns;
+  }
+  return saved;
 }

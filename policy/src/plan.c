@@ -196,3 +196,39 @@ int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,
     ns += p->ops[ops[j]].end_ns - p->ops[ops[j]].start_ns;
   return ns;
 }
+
+int cap__plan_set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
+                       uint32_t n) {
+  uint32_t off;
+  int rc = cap__plan_append_ops(plan, ops, n, &off);
+  if (rc)
+    return rc;
+  plan->actions[ai].recompute_off = off;
+  plan->actions[ai].n_recompute = n;
+  return 0;
+}
+
+int cap__plan_merge_lists(cap_plan_t *plan, uint32_t ai, uint32_t bi,
+                          uint32_t max_ops) {
+  const cap_action_t *a = &plan->actions[ai], *b = &plan->actions[bi];
+  uint32_t na = a->n_recompute, nb = b->n_recompute;
+  if ((uint64_t)na + nb > max_ops)
+    return CAP_ENOENT;
+  uint32_t *m = malloc(((size_t)na + nb + 1) * sizeof *m);
+  if (!m)
+    return CAP_ENOMEM;
+  const uint32_t *x = cap_action_recompute_ops(plan, a);
+  const uint32_t *y = cap_action_recompute_ops(plan, b);
+  uint32_t i = 0, j = 0, n = 0;
+  while (i < na || j < nb) {
+    if (j == nb || (i < na && x[i] < y[j]))
+      m[n++] = x[i++];
+    else if (i == na || y[j] < x[i])
+      m[n++] = y[j++];
+    else
+      m[n++] = x[i++], j++;
+  }
+  int rc = n == na ? CAP_ENOENT : cap__plan_set_list(plan, ai, m, n);
+  free(m);
+  return rc;
+}

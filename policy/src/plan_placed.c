@@ -69,10 +69,17 @@ int cap_plan_compute_placed(const cap_profile_t *p, const char *planner,
     uint64_t need = need_of(placement);
     if (need <= cfg->budget_bytes)
       break;
+    /* The excess comes off the best plan's peak, not off the last aim: a
+     * plan that peaks well under its aim (the local search keeps only
+     * moves that lower the peak or keep it) is the same plan at an aim
+     * lowered by less than that gap, and its arena stays over. */
     uint64_t excess = need - cfg->budget_bytes;
-    if (excess >= c.budget_bytes)
+    uint64_t aim = (*plan)->predicted_peak_bytes < c.budget_bytes
+                       ? (*plan)->predicted_peak_bytes
+                       : c.budget_bytes;
+    if (excess >= aim)
       break;
-    c.budget_bytes -= excess;
+    c.budget_bytes = aim - excess;
   }
   if (rc && rc != CAP_EINFEASIBLE) { /* out of memory, a bad profile */
     cap_plan_destroy(*plan);

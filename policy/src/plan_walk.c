@@ -179,43 +179,6 @@ static int run_list(walk_t *w, uint32_t ai, uint32_t back_op,
 
 #define REPAIR_MAX_OPS 256u /* longest rebuilt list */
 
-static int set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
-                    uint32_t n) {
-  uint32_t off;
-  int rc = cap__plan_append_ops(plan, ops, n, &off);
-  if (rc)
-    return rc;
-  plan->actions[ai].recompute_off = off;
-  plan->actions[ai].n_recompute = n;
-  return 0;
-}
-
-/* List of action ai := sorted union of its list and action bi's.
- * CAP_ENOENT when that adds nothing. */
-static int merge_lists(cap_plan_t *plan, uint32_t ai, uint32_t bi) {
-  const cap_action_t *a = &plan->actions[ai], *b = &plan->actions[bi];
-  uint32_t na = a->n_recompute, nb = b->n_recompute;
-  if ((uint64_t)na + nb > REPAIR_MAX_OPS)
-    return CAP_ENOENT;
-  uint32_t *m = malloc(((size_t)na + nb + 1) * sizeof *m);
-  if (!m)
-    return CAP_ENOMEM;
-  const uint32_t *x = cap_action_recompute_ops(plan, a);
-  const uint32_t *y = cap_action_recompute_ops(plan, b);
-  uint32_t i = 0, j = 0, n = 0;
-  while (i < na || j < nb) {
-    if (j == nb || (i < na && x[i] < y[j]))
-      m[n++] = x[i++];
-    else if (i == na || y[j] < x[i])
-      m[n++] = y[j++];
-    else
-      m[n++] = x[i++], j++;
-  }
-  int rc = n == na ? CAP_ENOENT : set_list(plan, ai, m, n);
-  free(m);
-  return rc;
-}
-
 static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
                   const cap_plan_fault_t *f, cap__lineage_t *lin,
                   uint8_t *gone) {
@@ -236,7 +199,7 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
       plan->actions[f->by].method == CAP_METHOD_RECOMPUTE) {
     /* what the planner meant: the source's own list runs first; as one
      * list, the union of both in execution order */
-    int rc = merge_lists(plan, f->action, f->by);
+    int rc = cap__plan_merge_lists(plan, f->action, f->by, REPAIR_MAX_OPS);
     if (rc != CAP_ENOENT)
       return rc;
   }
@@ -254,7 +217,7 @@ static int repair(walk_t *w, cap_plan_t *plan, uint32_t back_op,
               memcmp(lin->ops, cap_action_recompute_ops(plan, a),
                      lin->n_ops * sizeof *lin->ops) == 0;
   if (rc == 0 && !same)
-    return set_list(plan, f->action, lin->ops, lin->n_ops);
+    return cap__plan_set_list(plan, f->action, lin->ops, lin->n_ops);
   /* swap it instead; its list's ops stay in the pool, unused */
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = 0;

@@ -90,6 +90,16 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
 int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
                          uint32_t *off);
 
+/* Action ai's recompute list := the n ops given (plan.c). */
+int cap__plan_set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
+                       uint32_t n);
+
+/* Action ai's list := the sorted union of its list and action bi's, at
+ * most max_ops long; CAP_ENOENT when that adds nothing or is longer
+ * (plan.c). */
+int cap__plan_merge_lists(cap_plan_t *plan, uint32_t ai, uint32_t bi,
+                          uint32_t max_ops);
+
 /* The profile's time of the ops action a replays (0 for a swap or a
  * release), ns (plan.c). */
 int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,

@@ -23,21 +23,37 @@
  * prefetched when op3 (a3's access 2) starts; a2 (accesses op1, op2,
  * back-access op5) is dropped after access 2 and recomputed by replaying
  * op1 (a1 -> a2). */
-enum { NT = 7, NOPS = 6 };
-static const uint32_t op_in[NOPS][2] = {{0}, {1}, {2}, {3}, {4, 1}, {5, 2}};
-static const uint32_t op_nin[NOPS] = {1, 1, 1, 1, 2, 2};
-static const uint32_t op_out[NOPS] = {1, 2, 3, 4, 5, 6};
+enum { NT = 7, MAX_OPS = 7 };
+typedef struct shape {
+  uint32_t n_ops;
+  uint32_t in[MAX_OPS][2], n_in[MAX_OPS], out[MAX_OPS];
+} shape_t;
+static const shape_t chain = {
+    6, {{0}, {1}, {2}, {3}, {4, 1}, {5, 2}}, {1, 1, 1, 1, 2, 2}, {1, 2, 3, 4, 5, 6}};
+/* For a merged list (one replay restoring two dropped tensors): a3 is read
+ * at op4, a2 only at op5, and op6 lists a3 on both sides, as detach or
+ * relu_ do (it reads what it writes).
+ *   op0: w  -> a1      op1: a1 -> a2      op2: a2 -> a3      op3: a3 -> a4
+ *   op4: a4, a3 -> a5  op5: a5, a2 -> a6  op6: a3 -> a3 */
+static const shape_t merged = {7,
+                               {{0}, {1}, {2}, {3}, {4, 3}, {5, 2}, {3}},
+                               {1, 1, 1, 1, 2, 2, 1},
+                               {1, 2, 3, 4, 5, 6, 3}};
 static const uint64_t bytes[NT] = {1 * MIB, 8 * MIB, 8 * MIB, 8 * MIB,
                                    8 * MIB, 8 * MIB, 8 * MIB};
-static const char *names[NOPS] = {"op.a", "op.b", "op.c", "op.d", "op.e", "op.f"};
+static const char *names[MAX_OPS] = {"op.a", "op.b", "op.c", "op.d",
+                                     "op.e", "op.f", "op.g"};
 
 typedef struct job {
   cap_client_t *c;
   uint32_t iter;
   uint32_t seed_iter[NT];
   int64_t mismatches;
+  const shape_t *shape;
   int fail_recompute; /* callback returns an error while set */
+  int fail_at;        /* and when it is the fail_at-th call (1-based) */
   int recomputes;
+  bool unwritten[NT]; /* its op failed this iteration: nothing to check */
 } job_t;
 
 static uint64_t seed(uint32_t id, uint32_t it) { return ((uint64_t)id << 32) | it; }
@@ -49,9 +65,9 @@ static int recompute_cb(void *user, uint32_t seq, const char *name,
   job_t *j = user;
   (void)name;
   j->recomputes++;
-  if (j->fail_recompute)
+  if (j->fail_recompute || j->recomputes == j->fail_at)
     return -1;
-  if (seq >= NOPS)
+  if (seq >= j->shape->n_ops)
     return -1;
   for (uint32_t i = 0; i < n_in; i++) {
     int64_t bad = cap_client_pattern_check(j->c, in_ptrs[i], bytes[in_ids[i]],
@@ -71,28 +87,33 @@ static int run_iter(job_t *j, cap_iter_stats_t *st, int *last_err) {
   int errs = 0;
   CHECK_EQ(cap_client_iteration_begin(c), 0);
   j->iter++;
+  memset(j->unwritten, 0, sizeof j->unwritten);
   for (uint32_t t = 1; t < NT; t++) {
     uint32_t id;
     CHECK_EQ(cap_client_declare(c, bytes[t], &id), 0);
     CHECK_EQ(id, t);
   }
-  for (uint32_t s = 0; s < NOPS; s++) {
+  const shape_t *sh = j->shape;
+  for (uint32_t s = 0; s < sh->n_ops; s++) {
     void *in[2], *out[1];
-    int rc = cap_client_op_begin(c, names[s], op_in[s], op_nin[s], &op_out[s],
-                                 1, in, out);
+    int rc = cap_client_op_begin(c, names[s], sh->in[s], sh->n_in[s],
+                                 &sh->out[s], 1, in, out);
     if (rc < 0) {
       errs++;
       *last_err = rc;
+      j->unwritten[sh->out[s]] = true;
       continue;
     }
-    for (uint32_t i = 0; i < op_nin[s]; i++) {
-      uint32_t id = op_in[s][i];
-      int64_t bad = cap_client_pattern_check(c, in[i], bytes[id],
-                                             seed(id, j->seed_iter[id]));
-      j->mismatches += bad;
+    for (uint32_t i = 0; i < sh->n_in[s]; i++) {
+      uint32_t id = sh->in[s][i];
+      if (!j->unwritten[id])
+        j->mismatches += cap_client_pattern_check(c, in[i], bytes[id],
+                                                  seed(id, j->seed_iter[id]));
     }
-    j->seed_iter[op_out[s]] = j->iter;
-    cap_client_pattern_fill(c, out[0], bytes[op_out[s]], seed(op_out[s], j->iter));
+    j->unwritten[sh->out[s]] = false;
+    j->seed_iter[sh->out[s]] = j->iter;
+    cap_client_pattern_fill(c, out[0], bytes[sh->out[s]],
+                            seed(sh->out[s], j->iter));
     cap_client_compute(c, 200000); /* 0.2 ms of trace time */
     CHECK_EQ(cap_client_op_end(c), 0);
   }
@@ -113,9 +134,10 @@ static cap_plan_t *make_plan(void) {
   return p;
 }
 
-static job_t *open_job(uint64_t budget) {
+static job_t *open_job_shaped(uint64_t budget, const shape_t *shape) {
   static job_t j;
   memset(&j, 0, sizeof j);
+  j.shape = shape;
   cap_client_config_t cfg;
   cap_client_config_init(&cfg);
   cfg.backend = "sim";
@@ -132,6 +154,8 @@ static job_t *open_job(uint64_t budget) {
   cap_client_set_recompute(j.c, recompute_cb, &j);
   return &j;
 }
+
+static job_t *open_job(uint64_t budget) { return open_job_shaped(budget, &chain); }
 
 static void test_guided_plan(void) {
   job_t *j = open_job(64 * MIB);
@@ -238,6 +262,81 @@ static void test_recompute_fault(void) {
   cap_client_destroy(j->c);
 }
 
+/* The merged shape under a plan whose list for a3 also restores a2 (one
+ * replay for both): [op1, op2], or with a1 released after op1, [op0, op1,
+ * op2]; a2's own list is [op1]. One guided iteration runs as planned; the
+ * callback is then set to fail on the list's last op, op2, once op1 has
+ * restored a2. */
+static job_t *merged_guided(bool release_a1) {
+  job_t *j = open_job_shaped(64 * MIB, &merged);
+  if (!j)
+    return NULL;
+  cap_iter_stats_t st;
+  int err = 0;
+  run_iter(j, &st, &err);
+  cap_plan_t *p = cap_plan_create("merged", 64 * MIB);
+  uint32_t a3_ops[] = {0, 1, 2}, a2_ops[] = {1};
+  uint32_t n = release_a1 ? 3 : 2;
+  if (release_a1)
+    cap_plan_add_release(p, 1, 2);                  /* a1, after op1 */
+  cap_plan_add_recompute(p, 3, 2, a3_ops + 3 - n, n); /* back-access op4 */
+  cap_plan_add_recompute(p, 2, 2, a2_ops, 1);         /* back-access op5 */
+  CHECK_EQ(cap__client_load_plan(j->c, p), 0);
+  cap_plan_destroy(p);
+  int before = j->recomputes;
+  CHECK_EQ(run_iter(j, &st, &err), 0);
+  CHECK_EQ(st.mode, CAP_MODE_GUIDED);
+  CHECK_EQ(j->recomputes - before, (int)n); /* a2's own list never runs */
+  CHECK_EQ(j->mismatches, 0);
+  j->fail_at = j->recomputes + (int)n;
+  return j;
+}
+
+/* The merged list fails after restoring a2: a2, restored whole by op1,
+ * stays on the device as the plan has it and op5 reads its bytes; a3's
+ * contents are lost, so every op that reads it fails -- op6 too, which
+ * lists a3 as input and output and used to be given fresh memory as if it
+ * only wrote it (wrong bytes, no error). */
+static void test_merged_list_fault(void) {
+  job_t *j = merged_guided(false);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  CHECK_EQ(run_iter(j, &st, &err), 2); /* op4 and op6 cannot read a3 */
+  CHECK_EQ(err, CAP_ERECOMPUTE);
+  CHECK_EQ(j->mismatches, 0); /* a2 at op5 and a3 at op6: no wrong bytes */
+  CHECK_EQ(j->recomputes, j->fail_at); /* a2's own list never ran */
+  /* Then a3 is swapped and a2's own list runs at op5. */
+  for (int i = 0; i < 2; i++) {
+    int before = j->recomputes;
+    CHECK_EQ(run_iter(j, &st, &err), 0);
+    CHECK_EQ(j->recomputes - before, 1);
+    CHECK_EQ(st.bytes_out, 8 * MIB);
+  }
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
+/* With a1 released, a2's own list [op1] cannot run at op5 (a3's list
+ * rebuilds a1 as a temporary). Once a3 falls back to a swap, a2's list
+ * would run and fail at op5 in every iteration after: the plan is walked
+ * again as it will run, and a2 falls back too. */
+static void test_merged_partner_falls_back(void) {
+  job_t *j = merged_guided(true);
+  REQUIRE(j);
+  cap_iter_stats_t st;
+  int err = 0;
+  CHECK_EQ(run_iter(j, &st, &err), 2); /* op4 and op6 cannot read a3 */
+  for (int i = 0; i < 2; i++) {
+    int before = j->recomputes;
+    CHECK_EQ(run_iter(j, &st, &err), 0);
+    CHECK_EQ(j->recomputes, before);
+    CHECK_EQ(st.bytes_out, 16 * MIB); /* a2 and a3 swapped */
+  }
+  CHECK_EQ(j->mismatches, 0);
+  cap_client_destroy(j->c);
+}
+
 static void test_bad_input(void) {
   job_t *j = open_job(64 * MIB);
   REQUIRE(j);
@@ -286,6 +385,8 @@ int main(void) {
   RUN_TEST(test_copy_faults);
   RUN_TEST(test_alloc_fault);
   RUN_TEST(test_recompute_fault);
+  RUN_TEST(test_merged_list_fault);
+  RUN_TEST(test_merged_partner_falls_back);
   RUN_TEST(test_bad_input);
   return TEST_SUMMARY();
 }

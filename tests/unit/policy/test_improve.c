@@ -10,6 +10,24 @@
 #include "capuchin/error.h"
 #include "fixtures.h"
 
+/* The unmanaged run of p (*base), the config for budget (*cfg) and an
+ * empty plan to write by hand; NULL when p does not simulate. */
+static cap_plan_t *start(const cap_profile_t *p, uint64_t budget,
+                         cap_plan_config_t *cfg, cap_sim_result_t *base) {
+  cap_plan_config_init(cfg, budget);
+  if (cap_sim_run(p, NULL, &cfg->bw, base) != 0)
+    return NULL;
+  return cap_plan_create("capuchin", budget);
+}
+
+/* The improved plan must still be valid; then everything goes. */
+static void finish(cap_plan_t *plan, cap_profile_t *p, cap_sim_result_t *base) {
+  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
+  cap_sim_result_close(base);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_late_prefetch_moves_earlier(void) {
   /* one_big: A (100 MB) made at op 0, read again by op 14 (12.02 ms); B
    * (80 MB) lives over ops 4..7. A swapped, its prefetch triggered by op
@@ -21,10 +39,8 @@ static void test_late_prefetch_moves_earlier(void) {
   REQUIRE(p);
   REQUIRE(p->n_ops == 15);
   cap_plan_config_t cfg;
-  cap_plan_config_init(&cfg, 200 * MB);
   cap_sim_result_t base;
-  REQUIRE(cap_sim_run(p, NULL, &cfg.bw, &base) == 0);
-  cap_plan_t *plan = cap_plan_create("capuchin", cfg.budget_bytes);
+  cap_plan_t *plan = start(p, 200 * MB, &cfg, &base);
   REQUIRE(plan);
   uint32_t tt, ta;
   REQUIRE(cap__trigger_name(p, 13, 1, &tt, &ta));
@@ -42,13 +58,216 @@ static void test_late_prefetch_moves_earlier(void) {
            12);
   CHECK_EQ(plan->predicted_iter_ns, base.iter_ns);
   CHECK_EQ(plan->predicted_peak_bytes, peak);
-  CHECK_EQ(cap_plan_validate(plan, p, NULL, 0), 0);
-  cap_sim_result_close(&base);
-  cap_plan_destroy(plan);
-  cap_profile_destroy(p);
+  finish(plan, p, &base);
+}
+
+/* A batch norm's output N, made in place by a relu_, and the clone C of
+ * its value before the relu_ (kept for the relu's backward), as in
+ * mobilenet_v2; D (200 MB) forces both off the device:
+ *   op0 bn X -> N (1000 us), op1 clone N -> C, op2 relu_ N, op3 conv N
+ *   -> Y, op4 Y -> D, op5 D, op6 D -> E, op7 reads N, E -> G, op8 reads C,
+ *   G -> H (100 us each but op0).
+ * Each tensor alone replays the batch norm: N [op0, op2] at op7 (1100 us),
+ * C [op0, op1] at op8 (1100 us). One list [op0, op1, op2] at op7 restores
+ * both (1200 us): C is back one op early, still below D's stretch. */
+static cap_profile_t *bn_clone(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { X, W, N, C, Y, D, E, G, H };
+  fx_tensor(&f, X, 10 * MB, CAP_KIND_INPUT);
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, N, 50 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, C, 50 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, Y, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 200 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, E, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, G, 1 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, H, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t xw[] = {X, W}, n = N, c = C, nw[] = {N, W}, y = Y, d = D, e = E,
+           ne[] = {N, E}, g = G, cg[] = {C, G}, h = H;
+  int64_t t = 0;
+  fx_op(&f, t, t + 1000 * US, "aten.cudnn_batch_norm.default", xw, 2, &n, 1);
+  t += 1000 * US;
+  fx_op(&f, t, t + 100 * US, "aten.clone.default", &n, 1, &c, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.relu_.default", &n, 1, &n, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.convolution.default", nw, 2, &y, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.mul.Tensor", &y, 1, &d, 1);
+  t += 100 * US;
+  fx_free(&f, t, Y);
+  fx_op(&f, t, t + 100 * US, "aten.mul.Tensor", &d, 1, &d, 1);
+  t += 100 * US;
+  fx_op(&f, t, t + 100 * US, "aten.sum.default", &d, 1, &e, 1);
+  t += 100 * US;
+  fx_free(&f, t, D);
+  fx_op(&f, t, t + 100 * US, "aten.convolution_backward.default", ne, 2, &g, 1);
+  t += 100 * US;
+  fx_free(&f, t, N);
+  fx_free(&f, t, E);
+  fx_op(&f, t, t + 100 * US, "aten.threshold_backward.default", cg, 2, &h, 1);
+  t += 100 * US;
+  fx_free(&f, t, C);
+  fx_free(&f, t, G);
+  fx_free(&f, t, H);
+  return fx_finish(&f);
+}
+
+static void test_replays_share_lineage(void) {
+  cap_profile_t *p = bn_clone();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 250 * MB, &cfg, &base);
+  REQUIRE(plan);
+  uint32_t n_list[] = {0, 2}, c_list[] = {0, 1};
+  REQUIRE(cap_plan_add_recompute(plan, 2, 4, n_list, 2) == 0); /* N */
+  REQUIRE(cap_plan_add_recompute(plan, 3, 1, c_list, 2) == 0); /* C */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2200 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__plan_improve(plan, p, &cfg, 64) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 1200 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->tensor, 2);
+  CHECK_EQ(a->n_recompute, 3);
+  finish(plan, p, &base);
+}
+
+/* Y (100 MB, 2 ms to make) and X (100 MB, 10 us) are made one after the
+ * other; D (170 MB) then needs both off the device (budget 260 MB):
+ *   op0 Y = mm W (2 ms), op1 X = relu W, op2 reads Y, op3 2 ms on W,
+ *   op4 D = mul W, op5-6 read D, op7 2 ms on W, op8 reads Y, op9 reads X.
+ * Swapping X (copy 2.01-3.82 ms) and replaying Y costs 2 ms at op8; Y
+ * swapped behind X's copy would free its memory only at 5.6 ms, inside
+ * D's stretch (4.02-4.32 ms). Exchanged, Y's copy (2.03-3.84 ms) ends
+ * before D, both prefetches fit in op7, and X replays in 10 us. */
+static cap_profile_t *swap_or_replay(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { W, X, Y, D, T2, T3, T5, T6, T7, T8, T9 };
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, X, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, Y, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 170 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T2; i <= T9; i++)
+    fx_tensor(&f, i, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t w = W, x = X, y = Y, d = D, t2 = T2, t3 = T3, t5 = T5, t6 = T6,
+           t7 = T7, t8 = T8, t9 = T9;
+  fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &y, 1);
+  fx_op(&f, 2000 * US, 2010 * US, "aten.relu.default", &w, 1, &x, 1);
+  fx_op(&f, 2010 * US, 2020 * US, "aten.add.Tensor", &y, 1, &t2, 1);
+  fx_free(&f, 2020 * US, T2);
+  fx_op(&f, 2020 * US, 4020 * US, "aten.mul.Tensor", &w, 1, &t3, 1);
+  fx_free(&f, 4020 * US, T3);
+  fx_op(&f, 4020 * US, 4120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  fx_op(&f, 4120 * US, 4220 * US, "aten.mul.Tensor", &d, 1, &t5, 1);
+  fx_free(&f, 4220 * US, T5);
+  fx_op(&f, 4220 * US, 4320 * US, "aten.mul.Tensor", &d, 1, &t6, 1);
+  fx_free(&f, 4320 * US, D);
+  fx_free(&f, 4320 * US, T6);
+  fx_op(&f, 4320 * US, 6320 * US, "aten.mul.Tensor", &w, 1, &t7, 1);
+  fx_free(&f, 6320 * US, T7);
+  fx_op(&f, 6320 * US, 6330 * US, "aten.add.Tensor", &y, 1, &t8, 1);
+  fx_free(&f, 6330 * US, Y);
+  fx_free(&f, 6330 * US, T8);
+  fx_op(&f, 6330 * US, 6340 * US, "aten.add.Tensor", &x, 1, &t9, 1);
+  fx_free(&f, 6340 * US, X);
+  fx_free(&f, 6340 * US, T9);
+  return fx_finish(&f);
+}
+
+static void test_swap_exchanged_for_replay(void) {
+  cap_profile_t *p = swap_or_replay();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 260 * MB, &cfg, &base);
+  REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
+  uint32_t tt, ta, y_list[] = {0};
+  REQUIRE(cap__trigger_name(p, 7, 1, &tt, &ta));
+  REQUIRE(cap_plan_add_swap(plan, 1, 1, tt, ta, 0) == 0);          /* X */
+  REQUIRE(cap_plan_add_recompute(plan, 2, 2, y_list, 1) == 0);     /* Y */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2000 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__plan_improve(plan, p, &cfg, 64) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 10 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  for (uint32_t i = 0; i < plan->n_actions; i++)
+    CHECK_EQ(plan->actions[i].method, plan->actions[i].tensor == 1
+                                          ? CAP_METHOD_RECOMPUTE
+                                          : CAP_METHOD_SWAP);
+  finish(plan, p, &base);
+}
+
+/* A (100 MB) is made in 10 us and read again only at op6; D and E (150
+ * MB each) fill the budget (160 MB) from op2 to op5, so A's prefetch can
+ * start only when E is freed, and the budget leaves no room to keep it:
+ *   op0 A = relu W (10 us), op1 2 ms on W, op2 D = mul W, op3 reads D,
+ *   op4 E = mul W, op5 reads E, op6 reads A (100 us each but op0, op1).
+ * Swapped, A's copy back (1.8 ms) runs on demand at op6; replayed, it
+ * costs op0's 10 us. */
+static cap_profile_t *late_swap(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { W, A, D, E, T1, T3, T5, T6 };
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 150 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, E, 150 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T1; i <= T6; i++)
+    fx_tensor(&f, i, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t w = W, a = A, d = D, e = E, t1 = T1, t3 = T3, t5 = T5, t6 = T6;
+  fx_op(&f, 0, 10 * US, "aten.relu.default", &w, 1, &a, 1);
+  fx_op(&f, 10 * US, 2010 * US, "aten.mul.Tensor", &w, 1, &t1, 1);
+  fx_free(&f, 2010 * US, T1);
+  fx_op(&f, 2010 * US, 2110 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  fx_op(&f, 2110 * US, 2210 * US, "aten.sum.default", &d, 1, &t3, 1);
+  fx_free(&f, 2210 * US, D);
+  fx_free(&f, 2210 * US, T3);
+  fx_op(&f, 2210 * US, 2310 * US, "aten.mul.Tensor", &w, 1, &e, 1);
+  fx_op(&f, 2310 * US, 2410 * US, "aten.sum.default", &e, 1, &t5, 1);
+  fx_free(&f, 2410 * US, E);
+  fx_free(&f, 2410 * US, T5);
+  fx_op(&f, 2410 * US, 2510 * US, "aten.add.Tensor", &a, 1, &t6, 1);
+  fx_free(&f, 2510 * US, A);
+  fx_free(&f, 2510 * US, T6);
+  return fx_finish(&f);
+}
+
+static void test_late_swap_replayed(void) {
+  cap_profile_t *p = late_swap();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 160 * MB, &cfg, &base);
+  REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
+  REQUIRE(cap_plan_add_swap(plan, 1, 1, CAP_NONE, 0, 0) == 0); /* on demand */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK(plan->predicted_iter_ns - base.iter_ns > 1700 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__plan_improve(plan, p, &cfg, 64) == 0);
+  REQUIRE(plan->n_actions == 1);
+  const cap_action_t *a = &plan->actions[0];
+  CHECK_EQ(a->method, CAP_METHOD_RECOMPUTE);
+  CHECK_EQ(a->n_recompute, 1);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 10 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  finish(plan, p, &base);
 }
 
 int main(void) {
   RUN_TEST(test_late_prefetch_moves_earlier);
+  RUN_TEST(test_replays_share_lineage);
+  RUN_TEST(test_swap_exchanged_for_replay);
+  RUN_TEST(test_late_swap_replayed);
   return TEST_SUMMARY();
 }
