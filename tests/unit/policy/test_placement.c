@@ -31,6 +31,16 @@ static void expect(const cap_interval_t *in, uint32_t n, cap_place_strategy_t s,
   cap_placement_close(&pl);
 }
 
+/* Best-of keeps the first strategy with the smallest arena. */
+static void expect_best(const cap_interval_t *in, uint32_t n,
+                        cap_place_strategy_t want, uint64_t arena_units) {
+  cap_placement_t pl;
+  REQUIRE(cap_place(in, n, CAP_PLACE_BEST, 0, &pl) == 0);
+  CHECK_EQ(pl.strategy, want);
+  CHECK_EQ(pl.arena_bytes, arena_units * U);
+  cap_placement_close(&pl);
+}
+
 /* a -> b -> c, each freed after the next op reads it: b overlaps both, a and
  * c never meet, so c takes a's place. */
 static void test_chain(void) {
@@ -67,11 +77,7 @@ static void test_orders_differ(void) {
    * to I1, over the dead I2 and I3. */
   const uint64_t breadth[] = {2, 0, 2, 4};
   expect(in, 4, CAP_PLACE_BY_BREADTH, breadth, 6, 6);
-  cap_placement_t pl;
-  REQUIRE(cap_place(in, 4, CAP_PLACE_BEST, 0, &pl) == 0);
-  CHECK_EQ(pl.strategy, CAP_PLACE_BY_BREADTH);
-  CHECK_EQ(pl.arena_bytes, 6 * U);
-  cap_placement_close(&pl);
+  expect_best(in, 4, CAP_PLACE_BY_BREADTH, 6);
 }
 
 /* Found by search: a long block placed first by area leaves the short ones
@@ -87,11 +93,7 @@ static void test_area_order(void) {
    * 2; I1 over I2 only: 1, under I3, which comes after it. */
   const uint64_t area[] = {0, 1, 0, 2};
   expect(in, 4, CAP_PLACE_BY_AREA, area, 3, 3);
-  cap_placement_t pl;
-  REQUIRE(cap_place(in, 4, CAP_PLACE_BEST, 0, &pl) == 0);
-  CHECK_EQ(pl.strategy, CAP_PLACE_BY_AREA);
-  CHECK_EQ(pl.arena_bytes, 3 * U);
-  cap_placement_close(&pl);
+  expect_best(in, 4, CAP_PLACE_BY_AREA, 3);
 }
 
 /* A swap splits a tensor's residency in two: the hole it leaves in between
@@ -203,10 +205,7 @@ static void test_skyline(void) {
    * (s1-s2): 5. */
   const uint64_t want[] = {0, 1, 3, 2, 0};
   expect(in, 5, CAP_PLACE_SKYLINE_LENGTH, want, 5, 5);
-  REQUIRE(cap_place(in, 5, CAP_PLACE_BEST, 0, &pl) == 0);
-  CHECK_EQ(pl.strategy, CAP_PLACE_SKYLINE_LENGTH);
-  CHECK_EQ(pl.arena_bytes, 5 * U);
-  cap_placement_close(&pl);
+  expect_best(in, 5, CAP_PLACE_SKYLINE_LENGTH, 5);
 }
 
 /* A weight's two stays are one arc round the iteration's end: segments s0
