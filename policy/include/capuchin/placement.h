@@ -44,12 +44,13 @@ typedef enum {
                                would leave it no hole (vgg16's 392-784 MiB
                                activations) */
   CAP_PLACE_SKYLINE_LENGTH = 3, /* along the skyline (the top of what is
-                               placed over time): its lowest stretch takes
-                               the longest-lived block that lies within it,
-                               and rises to a neighbour where none does
-                               (bert_large's gradients, made in the backward
-                               pass, stack where its activations were) */
-  CAP_PLACE_SKYLINE_AREA = 4, /* the same, most bytes x time first */
+                               placed, over time cut at every start and
+                               end): its lowest stretch takes the block
+                               within it that spans the most cuts, or rises
+                               to a neighbour where none fits (bert_large's
+                               gradients, made in the backward pass, go
+                               where its activations were) */
+  CAP_PLACE_SKYLINE_AREA = 4, /* the same, most bytes x cuts spanned first */
   CAP_PLACE_BEST = 5,       /* every strategy above, the smallest arena */
 } cap_place_strategy_t;
 
