@@ -1,18 +1,21 @@
 /*
  * Offset planning over residency intervals (placement.h).
  *
- * Both strategies share one placer: intervals are taken in the strategy's
- * order and each goes to the lowest offset at which it collides with none
- * of the already placed intervals it overlaps in time (TensorFlow Lite's
- * greedy offset calculation; its GPU delegate also tries several orders and
- * keeps the best). What differs is the order:
+ * The greedy strategies share one placer: intervals are taken in the
+ * strategy's order and each goes to the lowest offset at which it collides
+ * with none of the already placed intervals it overlaps in time (TensorFlow
+ * Lite's greedy offset calculation; its GPU delegate also tries several
+ * orders and keeps the best). What differs is the order:
  *  - by size: largest first, so that big blocks claim the low addresses and
  *    small ones fill the holes between them;
  *  - by breadth: the instants with the most live bytes decide first, as they
- *    are the ones that set the arena size.
+ *    are the ones that set the arena size;
+ *  - by area: most bytes x time first.
  * Finding the lowest gap is a scan of the placed intervals in address order
  * that skips those the new one does not meet in time: quadratic in the worst
  * case, a few milliseconds for the few thousand intervals of an iteration.
+ * The skyline strategies place along the top of what is placed instead
+ * (placement_skyline.c).
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -20,6 +23,7 @@
 #include "capuchin/error.h"
 #include "capuchin/placement.h"
 #include "capuchin/types.h"
+#include "placement_internal.h"
 
 const char *cap_place_strategy_name(cap_place_strategy_t s) {
   switch (s) {
@@ -29,6 +33,10 @@ const char *cap_place_strategy_name(cap_place_strategy_t s) {
     return "breadth";
   case CAP_PLACE_BY_AREA:
     return "area";
+  case CAP_PLACE_SKYLINE_LENGTH:
+    return "skyline-length";
+  case CAP_PLACE_SKYLINE_AREA:
+    return "skyline-area";
   case CAP_PLACE_BEST:
     return "best";
   }
@@ -168,13 +176,13 @@ typedef struct instants {
   uint32_t m;
 } instants_t;
 
-static int cmp_i64(const void *a, const void *b) {
+int cap__cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return (x > y) - (x < y);
 }
 
 /* First k with t[k] >= x (m if none). */
-static uint32_t lower_bound(const int64_t *t, uint32_t m, int64_t x) {
+uint32_t cap__lower_bound(const int64_t *t, uint32_t m, int64_t x) {
   uint32_t lo = 0, hi = m;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
@@ -200,15 +208,15 @@ static int instants_build(const cap_interval_t *iv, const uint64_t *size,
   }
   for (uint32_t i = 0; i < n; i++)
     in->t[i] = iv[i].start;
-  qsort(in->t, n, sizeof *in->t, cmp_i64);
+  qsort(in->t, n, sizeof *in->t, cap__cmp_i64);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++)
     if (m == 0 || in->t[m - 1] != in->t[i])
       in->t[m++] = in->t[i];
   in->m = m;
   for (uint32_t i = 0; i < n; i++) {
-    delta[lower_bound(in->t, m, iv[i].start)] += (int64_t)size[i];
-    delta[lower_bound(in->t, m, iv[i].end)] -= (int64_t)size[i];
+    delta[cap__lower_bound(in->t, m, iv[i].start)] += (int64_t)size[i];
+    delta[cap__lower_bound(in->t, m, iv[i].end)] -= (int64_t)size[i];
   }
   int64_t live = 0;
   for (uint32_t k = 0; k < m; k++) {
@@ -267,8 +275,8 @@ static int order_by_breadth(const cap_interval_t *iv, const uint64_t *size,
       table[(size_t)l * m + k] = a < b ? a : b;
     }
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t lo = lower_bound(in->t, m, iv[i].start);
-    uint32_t hi = lower_bound(in->t, m, iv[i].end); /* instants [lo, hi) */
+    uint32_t lo = cap__lower_bound(in->t, m, iv[i].start);
+    uint32_t hi = cap__lower_bound(in->t, m, iv[i].end); /* instants [lo, hi) */
     uint32_t l = 0;
     while ((2u << l) <= hi - lo)
       l++;
@@ -318,9 +326,27 @@ static int order_by_area(const cap_interval_t *iv, const uint64_t *size,
   return 0;
 }
 
+static int place_skyline(const cap_interval_t *iv, const uint64_t *size,
+                         uint32_t n, cap_place_strategy_t s,
+                         cap_placement_t *out) {
+  uint64_t *offset = calloc(n ? n : 1, sizeof *offset), arena = 0;
+  uint32_t shared = 0;
+  int rc = offset ? cap__place_skyline(iv, size, n, s, offset, &arena, &shared)
+                  : CAP_ENOMEM;
+  if (rc) {
+    free(offset);
+    return rc;
+  }
+  *out = (cap_placement_t){.offsets = offset, .n = n, .arena_bytes = arena,
+                           .strategy = s, .shared = shared};
+  return 0;
+}
+
 static int place_with(const cap_interval_t *iv, const uint64_t *size,
                       uint32_t n, const instants_t *in, cap_place_strategy_t s,
                       cap_placement_t *out) {
+  if (s == CAP_PLACE_SKYLINE_LENGTH || s == CAP_PLACE_SKYLINE_AREA)
+    return place_skyline(iv, size, n, s, out);
   size_t m = n ? n : 1;
   placer_t pl = {.iv = iv, .size = size, .n = n};
   uint32_t *order = malloc(m * sizeof *order);

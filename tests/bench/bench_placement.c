@@ -105,7 +105,7 @@ static void planning_table(void) {
 int main(int argc, char **argv) {
   int runs = argc > 1 && strcmp(argv[1], "--quick") == 0 ? 1 : 5;
   const cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
-  printf("%-13s %4s %-8s %10s %10s %7s %8s %5s %6s\n", "trace", "pct",
+  printf("%-13s %4s %-14s %10s %10s %7s %8s %5s %6s\n", "trace", "pct",
          "strategy", "arena MiB", "peak MiB", "ratio", "place ms", "fits",
          "shared");
   for (size_t ti = 0; ti < sizeof traces / sizeof *traces; ti++) {
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
       bool evict = false;
       cap_plan_t *plan = plan_at(p, pcts[pi], &evict);
       if (!plan) {
-        printf("%-13s %4.0f %-8s %10s\n", traces[ti], pcts[pi], "-", "no plan");
+        printf("%-13s %4.0f %-14s %10s\n", traces[ti], pcts[pi], "-", "no plan");
         continue;
       }
       for (int s = 0; s <= CAP_PLACE_BEST; s++) {
@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
           t[r] = now_ms() - t0;
         }
         if (rc) {
-          printf("%-13s %4.0f %-8s error %s\n", traces[ti], pcts[pi],
+          printf("%-13s %4.0f %-14s error %s\n", traces[ti], pcts[pi],
                  cap_place_strategy_name(s), cap_strerror(rc));
           continue;
         }
@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
         const cap_placement_t *pl = &pp.placement;
         bool fits = pp.persistent_bytes + pl->arena_bytes <=
                     cap_profile_budget_pct(p, pcts[pi]);
-        printf("%-13s %4.0f %-8s %10.1f %10.1f %7.4f %8.2f %5s %6u%s\n",
+        printf("%-13s %4.0f %-14s %10.1f %10.1f %7.4f %8.2f %5s %6u%s\n",
                traces[ti], pcts[pi], cap_place_strategy_name(s),
                pl->arena_bytes / 1048576.0, pl->peak_bytes / 1048576.0,
                pl->peak_bytes ? (double)pl->arena_bytes / pl->peak_bytes : 1.0,

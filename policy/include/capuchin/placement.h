@@ -43,13 +43,21 @@ typedef enum {
                                claims its address before short ones that
                                would leave it no hole (vgg16's 392-784 MiB
                                activations) */
-  CAP_PLACE_BEST = 3,       /* every strategy above, the smallest arena */
+  CAP_PLACE_SKYLINE_LENGTH = 3, /* along the skyline (the top of what is
+                               placed, over time cut at every start and
+                               end): its lowest stretch takes the block
+                               within it that spans the most cuts, or rises
+                               to a neighbour where none fits (bert_large's
+                               gradients, made in the backward pass, go
+                               where its activations were) */
+  CAP_PLACE_SKYLINE_AREA = 4, /* the same, most bytes x cuts spanned first */
+  CAP_PLACE_BEST = 5,       /* every strategy above, the smallest arena */
 } cap_place_strategy_t;
 
-#define CAP_PLACE_N_STRATEGIES 3 /* the strategies CAP_PLACE_BEST tries */
+#define CAP_PLACE_N_STRATEGIES 5 /* the strategies CAP_PLACE_BEST tries */
 
-/* Name of a strategy ("size", "breadth", "area", "best"), NULL if
- * unknown. */
+/* Name of a strategy ("size", "breadth", "area", "skyline-length",
+ * "skyline-area", "best"), NULL if unknown. */
 const char *cap_place_strategy_name(cap_place_strategy_t s);
 
 typedef struct cap_placement {

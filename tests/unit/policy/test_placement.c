@@ -31,6 +31,16 @@ static void expect(const cap_interval_t *in, uint32_t n, cap_place_strategy_t s,
   cap_placement_close(&pl);
 }
 
+/* Best-of keeps the first strategy with the smallest arena. */
+static void expect_best(const cap_interval_t *in, uint32_t n,
+                        cap_place_strategy_t want, uint64_t arena_units) {
+  cap_placement_t pl;
+  REQUIRE(cap_place(in, n, CAP_PLACE_BEST, 0, &pl) == 0);
+  CHECK_EQ(pl.strategy, want);
+  CHECK_EQ(pl.arena_bytes, arena_units * U);
+  cap_placement_close(&pl);
+}
+
 /* a -> b -> c, each freed after the next op reads it: b overlaps both, a and
  * c never meet, so c takes a's place. */
 static void test_chain(void) {
@@ -67,11 +77,7 @@ static void test_orders_differ(void) {
    * to I1, over the dead I2 and I3. */
   const uint64_t breadth[] = {2, 0, 2, 4};
   expect(in, 4, CAP_PLACE_BY_BREADTH, breadth, 6, 6);
-  cap_placement_t pl;
-  REQUIRE(cap_place(in, 4, CAP_PLACE_BEST, 0, &pl) == 0);
-  CHECK_EQ(pl.strategy, CAP_PLACE_BY_BREADTH);
-  CHECK_EQ(pl.arena_bytes, 6 * U);
-  cap_placement_close(&pl);
+  expect_best(in, 4, CAP_PLACE_BY_BREADTH, 6);
 }
 
 /* Found by search: a long block placed first by area leaves the short ones
@@ -87,11 +93,7 @@ static void test_area_order(void) {
    * 2; I1 over I2 only: 1, under I3, which comes after it. */
   const uint64_t area[] = {0, 1, 0, 2};
   expect(in, 4, CAP_PLACE_BY_AREA, area, 3, 3);
-  cap_placement_t pl;
-  REQUIRE(cap_place(in, 4, CAP_PLACE_BEST, 0, &pl) == 0);
-  CHECK_EQ(pl.strategy, CAP_PLACE_BY_AREA);
-  CHECK_EQ(pl.arena_bytes, 3 * U);
-  cap_placement_close(&pl);
+  expect_best(in, 4, CAP_PLACE_BY_AREA, 3);
 }
 
 /* A swap splits a tensor's residency in two: the hole it leaves in between
@@ -186,6 +188,64 @@ static void test_tied_intervals(void) {
   CHECK(cap_place(in, 4, CAP_PLACE_BY_SIZE, 0, &pl) == CAP_EINVAL);
 }
 
+/* Found by search: every greedy order needs 7 units, the skyline the peak
+ * of 5. Segments: s0 [1,3) s1 [3,4) s2 [4,5) s3 [5,6) s4 [6,7). */
+static void test_skyline(void) {
+  cap_interval_t in[] = {iv(4, 7, 1), iv(4, 6, 1), iv(3, 5, 2), iv(5, 6, 3),
+                         iv(1, 4, 3)};
+  cap_placement_t pl;
+  REQUIRE(cap_place(in, 5, CAP_PLACE_BY_SIZE, 0, &pl) == 0);
+  CHECK_EQ(pl.arena_bytes, 7 * U);
+  cap_placement_close(&pl);
+  /* Longest first, at the lowest stretch of the skyline: I0 (s2-s4) at 0;
+   * the stretch s0-s1 at 0 takes I4 (I2 reaches s2): 3; s2-s4 at 1 takes
+   * I1 (longer than I3): s2-s3 at 2; s4 at 1 fits nothing and rises to 2,
+   * and s2-s4 at 2 takes I3 (s3): 5; s2 (2) fits nothing and rises to 3,
+   * then s4 (2) to 3; s4, s0-s2 at 3 (round the iteration's end) takes I2
+   * (s1-s2): 5. */
+  const uint64_t want[] = {0, 1, 3, 2, 0};
+  expect(in, 5, CAP_PLACE_SKYLINE_LENGTH, want, 5, 5);
+  expect_best(in, 5, CAP_PLACE_SKYLINE_LENGTH, 5);
+}
+
+/* A weight's two stays are one arc round the iteration's end: segments s0
+ * [0,1) s1 [1,2) s2 [2,6) s3 [6,7) s4 [7,8); w is s3, s4, s0, s1. */
+static void test_skyline_tied(void) {
+  cap_interval_t in[] = {
+      iv(0, 2, 2), /* w until its swap-out */
+      iv(1, 7, 1), /* x: s1-s3 */
+      iv(2, 6, 2), /* y: s2 */
+      iv(6, 8, 2), /* w back until the end */
+  };
+  in[0].same_as = 3;
+  in[3].same_as = 0;
+  /* Longest first: w (4 segments) at 0; s2 at 0 takes y; the circle, all
+   * at 2, takes x. */
+  const uint64_t want[] = {0, 2, 0, 0};
+  expect(in, 4, CAP_PLACE_SKYLINE_LENGTH, want, 3, 3);
+  /* By area the same: w (8 units x segments) first, then s2 fits only y. */
+  expect(in, 4, CAP_PLACE_SKYLINE_AREA, want, 3, 3);
+}
+
+/* A taker and its block are one block over both lifetimes. */
+static void test_skyline_sharing(void) {
+  cap_interval_t in[] = {iv(0, 2, 2), iv(1, 3, 2), iv(2, 4, 1)};
+  in[1].share = 0;
+  /* x+y (s0-s2) at 0; s3 at 0 fits nothing (z starts at s2) and rises to
+   * 2, where z goes: arena 3 against a peak of 4 (x and y while the op
+   * that reads x writes y). */
+  const uint64_t want[] = {0, 0, 2};
+  expect(in, 3, CAP_PLACE_SKYLINE_LENGTH, want, 3, 4);
+  cap_placement_t pl;
+  REQUIRE(cap_place(in, 3, CAP_PLACE_SKYLINE_AREA, 0, &pl) == 0);
+  CHECK_EQ(pl.shared, 1);
+  cap_placement_close(&pl);
+  /* An output larger than the block is not placed with it. */
+  in[1].bytes = 3 * U;
+  const uint64_t apart[] = {3, 0, 3};
+  expect(in, 3, CAP_PLACE_SKYLINE_LENGTH, apart, 5, 5);
+}
+
 static void test_check_finds_collision(void) {
   cap_interval_t in[] = {iv(0, 2, 1), iv(5, 6, 1), iv(1, 3, 2)};
   uint64_t off[] = {0, 0, 1 * U}; /* 2 meets 0 in time, just above it */
@@ -229,6 +289,8 @@ static void test_bad_input(void) {
   cap_placement_close(&pl);
   CHECK_STR(cap_place_strategy_name(CAP_PLACE_BY_BREADTH), "breadth");
   CHECK_STR(cap_place_strategy_name(CAP_PLACE_BY_AREA), "area");
+  CHECK_STR(cap_place_strategy_name(CAP_PLACE_SKYLINE_LENGTH), "skyline-length");
+  CHECK_STR(cap_place_strategy_name(CAP_PLACE_SKYLINE_AREA), "skyline-area");
   CHECK(cap_place_strategy_name((cap_place_strategy_t)9) == NULL);
 }
 
@@ -250,13 +312,28 @@ static void test_random_valid(void) {
       in[i] = iv(s, s + 1 + (int64_t)rng(200), 1);
       in[i].bytes = 1 + rng(1u << 20);
     }
+    bool shares = round % 2;
+    if (shares) /* every other round: ties and shares, any that are valid */
+      for (uint32_t i = 0; i + 1 < n; i += 2 + (uint32_t)rng(5)) {
+        cap_interval_t *a = &in[i], *b = &in[i + 1];
+        *b = iv(a->end + (int64_t)rng(100), a->end + 101 + (int64_t)rng(200), 1);
+        b->bytes = a->bytes;
+        a->same_as = i + 1;
+        b->same_as = i;
+      }
+    for (uint32_t j = 0; shares && j < n; j++) {
+      uint32_t k = (uint32_t)rng(n);
+      if (k != j && rng(2) && in[j].same_as == CAP_NONE &&
+          in[k].same_as == CAP_NONE)
+        in[j].share = k;
+    }
     uint64_t arena[CAP_PLACE_BEST + 1];
     for (int s = 0; s <= CAP_PLACE_BEST; s++) {
       cap_placement_t pl;
       REQUIRE(cap_place(in, n, (cap_place_strategy_t)s, 0, &pl) == 0);
       uint32_t a, b;
       CHECK(cap_placement_check(in, n, pl.offsets, 0, &a, &b) == 0);
-      CHECK(pl.arena_bytes >= pl.peak_bytes);
+      CHECK(shares || pl.arena_bytes >= pl.peak_bytes);
       for (uint32_t i = 0; i < n; i++)
         CHECK(pl.offsets[i] % U == 0);
       arena[s] = pl.arena_bytes;
@@ -277,6 +354,9 @@ int main(void) {
   RUN_TEST(test_swap_splits_interval);
   RUN_TEST(test_sharing);
   RUN_TEST(test_tied_intervals);
+  RUN_TEST(test_skyline);
+  RUN_TEST(test_skyline_tied);
+  RUN_TEST(test_skyline_sharing);
   RUN_TEST(test_check_finds_collision);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_random_valid);
