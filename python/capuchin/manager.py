@@ -484,21 +484,31 @@ class Manager:
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
-            for buf in self._tensors.drop_ident(ident):
-                self._saved.bury(buf)
+            bufs = self._tensors.drop_ident(ident)
             self._saved.forget(ident)
-            if self._probe or ident.id < 0:
-                self._live_bytes -= ident.nbytes
-                self._probe_events.append((ident, -ident.nbytes))
-                continue
-            if self._idents.get(ident.id) is not ident:
-                continue  # disowned at a step's end; the id may be another's now
-            del self._idents[ident.id]
-            if self.client is not None and not ident.persistent:
-                try:
-                    self.client.free(ident.id)
-                except _client.Error:
-                    pass  # already gone from the client's view
+            self._report_free(ident)
+            self._bury(bufs)
+
+    def _report_free(self, ident):
+        if self._probe or ident.id < 0:
+            self._live_bytes -= ident.nbytes
+            self._probe_events.append((ident, -ident.nbytes))
+            return
+        if self._idents.get(ident.id) is not ident:
+            return  # disowned at a step's end; the id may be another's now
+        del self._idents[ident.id]
+        if self.client is not None and not ident.persistent:
+            try:
+                self.client.free(ident.id)
+            except _client.Error:
+                pass  # already gone from the client's view
+
+    def _bury(self, bufs):
+        """The buffers the adapter allocated for a freed id: after the free
+        (which hands a copy still running into one over to the client's
+        deferred releases), kept only while such a copy runs."""
+        for buf in bufs:
+            self._saved.bury(buf, buf.data_ptr())
 
     def _disown_survivors(self):
         """Transient storages that outlive the step (the loss the caller
@@ -509,13 +519,13 @@ class Manager:
             if ident.persistent:
                 continue
             del self._idents[tid]
-            for buf in self._tensors.drop_ident(ident):
-                self._saved.bury(buf)
+            bufs = self._tensors.drop_ident(ident)
             self._saved.forget(ident)
             try:
                 self.client.free(tid)
             except _client.Error:
                 pass
+            self._bury(bufs)
 
     def _id_of(self, t):
         """The id of t's storage, adopting a storage seen the first time."""
