@@ -1,9 +1,7 @@
 """Guided iterations: the activations autograd saves, carried out by the plan.
 
 pack (torch.autograd.graph.saved_tensors_hooks) replaces a saved tensor by
-a handle that holds it, and its id (a Hold of the client's table of
-storages, python/src/storages.c; the tensor unpack returns holds it too).
-When the client evicts the tensor's id (after its
+a handle that holds it. When the client evicts the tensor's id (after its
 evicted-access) and is done with the storage (a swap's copy has finished,
 or at once for a drop) it calls release: the handle lets go of the tensor,
 and the storage goes back to PyTorch's allocator once nothing else holds
@@ -34,12 +32,13 @@ from ._tensors import Ident, bytes_of, meta_of, storage_base, view_on
 
 
 class _Handle:
-    __slots__ = ("hold", "t", "meta", "hash", "owner", "__weakref__")
+    __slots__ = ("ident", "t", "meta", "ptr", "hash", "owner", "__weakref__")
 
-    def __init__(self, hold, t, owner):
-        self.hold = hold    # keeps the id alive (the client's Hold)
+    def __init__(self, ident, t, owner):
+        self.ident = ident
         self.t = t
-        self.meta = None    # t's view, taken when t is let go (release)
+        self.meta = meta_of(t)
+        self.ptr = storage_base(t)
         self.hash = None
         self.owner = owner
 
@@ -47,8 +46,9 @@ class _Handle:
         # Autograd let go of the saved tensor. If the client is still
         # copying it out, the storage must outlive the copy (bury).
         if self.t is not None:
-            self.owner.bury(self.t, storage_base(self.t))
+            self.owner.bury(self.t, self.ptr)
             self.t = None
+        self.owner.m._tensors.unref(self.ident)
 
 
 def _hash(t):
@@ -89,6 +89,9 @@ class SavedTensors:
         finally:
             self.active = False
 
+    def forget(self, ident):
+        self.handles.pop(ident.id, None)
+
     def bury(self, t, addr):
         """Nothing else uses t, the storage at addr, any more. If a copy of
         the client still does (a swap-out of it, a copy into a freed
@@ -122,12 +125,13 @@ class SavedTensors:
             # (a 0-dim tensor may be a wrapped Python number: autograd must
             # get it back as it is)
             return t
-        hold = m.client.hold(t)
-        if hold is None:
-            return t  # a weight, or on a buffer the adapter allocated
-
-        h = _Handle(hold, t, self)
-        self.handles.setdefault(hold.id, []).append(weakref.ref(h))
+        st = m._tensors.lookup(t)
+        if st is None or st.ident.persistent or st.buf is not None:
+            return t
+        ident = st.ident
+        h = _Handle(ident, t, self)
+        ident.refs += 1
+        self.handles.setdefault(ident.id, []).append(weakref.ref(h))
         return h
 
     def unpack(self, h):
@@ -141,24 +145,21 @@ class SavedTensors:
         try:
             m._flush_frees()
             try:
-                addr = m.client.acquire(h.hold.id)
+                addr = m.client.acquire(h.ident.id)
             except _client.Error as e:
                 raise RuntimeError(
                     "capuchin: saved tensor %d could not be brought back (%s); "
-                    "its data is gone" % (h.hold.id, e)) from None
+                    "its data is gone" % (h.ident.id, e)) from None
             st = m._tensors.by_ptr.get(addr)
             if st is None or st.buf is None:
                 raise RuntimeError("capuchin: tensor %d came back at an address "
-                                   "the adapter did not allocate" % h.hold.id)
+                                   "the adapter did not allocate" % h.ident.id)
             if h.hash is not None and _hash(st.buf) != h.hash:
                 self.mismatches += 1
                 raise RuntimeError("capuchin: CAPUCHIN_VERIFY: tensor %d came "
-                                   "back with other contents" % h.hold.id)
+                                   "back with other contents" % h.ident.id)
             v = view_on(st.buf, h.meta)
-            m._tensors.track(v, st)
-            # The id lives while v, or any tensor an op makes on the
-            # buffer, does (the buffer goes when the client frees the id).
-            st.ident.hold = h.hold
+            m._tensors._track(v, st)
             return v
         finally:
             m._internal = prev
@@ -169,12 +170,10 @@ class SavedTensors:
         ident = m._idents.get(tid)
         if ident is not None and ident.persistent:
             return m._tensors.restore_weight(ident)
-        # A buffer for a transient id (its Holds keep the id, the client's
-        # table its storages, storages.c), or a recompute list's temporary
-        # (an output of a replayed op whose tensor is no longer live): a
-        # record of its own, never reported freed; the client releases the
-        # buffer when the id goes or the list ends.
-        ident = Ident(tid, nbytes, False)
+        if ident is None:
+            # A recompute list's temporary: an output of a replayed op whose
+            # tensor is no longer live. Released when the list ends.
+            ident = Ident(tid, nbytes, False)
         prev = m._internal
         m._internal = True
         try:
@@ -200,16 +199,19 @@ class SavedTensors:
                     m._internal = prev
             m._tensors.give_up.append(st)
             return
-        if m._tensors.drop_buffer(addr) is not None:
-            return  # a buffer the adapter gave the client: no longer its
+        if st is not None and st.buf is not None:
+            # A buffer the adapter gave the client: no longer the client's.
+            st.buf = None
+            if st.count == 0:
+                del m._tensors.by_ptr[addr]
+            return
         prev = m._internal
         m._internal = True
         try:
             for r in self.handles.get(tid, ()):
                 h = r()
-                if h is None or h.t is None or storage_base(h.t) != addr:
+                if h is None or h.t is None or h.ptr != addr:
                     continue
-                h.meta = meta_of(h.t)
                 if m.verify:
                     h.hash = _hash(h.t)
                 h.t = None

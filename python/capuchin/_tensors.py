@@ -12,12 +12,6 @@ the tensor was freed. Frees are queued and reported between ops: they are
 noticed by garbage collection, which may run inside a client callback, and
 the client must not be re-entered from there.
 
-In a reported step the transient storages (activations, gradients of the
-step, temporaries) are the client's own table's, in C (python/src/
-storages.c), which keeps these rules for them. The table here holds the
-probe's storages, the persistent ones (weights, optimizer state) and the
-buffers the client brings a tensor back in.
-
 Weights and optimizer state (persistent storages) that a plan evicts give
 their memory up: the storage is resized to 0 bytes, the tensor objects on
 it stay, and it is found by the storage object itself (gone) until it is
@@ -36,8 +30,7 @@ def storage_base(t):
 class Ident:
     """A tensor id as long as something needs it."""
 
-    __slots__ = ("id", "nbytes", "refs", "persistent", "storages", "hold",
-                 "__weakref__")
+    __slots__ = ("id", "nbytes", "refs", "persistent", "storages", "__weakref__")
 
     def __init__(self, tid, nbytes, persistent):
         self.id = tid
@@ -45,8 +38,6 @@ class Ident:
         self.refs = 0            # live storages (with a tensor object) + handles
         self.persistent = persistent
         self.storages = []       # Storage records mapped to this id
-        self.hold = None         # a buffer's: the client's Hold on its id
-                                 # while tensor objects are on it (unpack)
 
 
 class _Ref(weakref.ref):
@@ -82,8 +73,6 @@ class Tensors:
                                 # ran: its output may be a view the caller
                                 # reads at once, as .numpy() does)
         self.pending_frees = []  # ids whose last reference went
-        self.freed_bufs = []     # addresses of buffers whose id the client
-                                 # freed on the device (storages.c)
         self.on_free = on_free   # on_free(ident): forget adapter state of it
         self._refs = {}          # id -> _Ref of each tracked object alive
 
@@ -96,12 +85,12 @@ class Tensors:
         if st is not None:
             d = t.__dict__
             if d.get("_cap_st") is not st:
-                self.track(t, st)
+                self._track(t, st)
             elif d.get("_cap_dp") != dp:
                 t._cap_dp = dp  # a new offset on the same storage
         return st
 
-    def track(self, t, st):
+    def _track(self, t, st):
         # _cap_st and _cap_dp: the client's per-op path (op_path.c) takes
         # the id from them while t's data_ptr() is still _cap_dp.
         try:
@@ -149,7 +138,7 @@ class Tensors:
         self.by_ptr[ptr] = st
         ident.storages.append(st)
         if buf is None:
-            self.track(t, st)
+            self._track(t, st)
         return st
 
     def drop_ident(self, ident):
@@ -166,19 +155,6 @@ class Tensors:
             st.buf = None
         ident.storages = []
         return bufs
-
-    def drop_buffer(self, addr):
-        """The buffer at addr (one the adapter allocated for the client to
-        bring an id back in) is no longer the client's: returns it, for
-        the caller to let go (None: no buffer there). Its record stays
-        while tensor objects are on it."""
-        st = self.by_ptr.get(addr)
-        if st is None or st.buf is None:
-            return None
-        buf, st.buf = st.buf, None
-        if st.count == 0:
-            del self.by_ptr[addr]
-        return buf
 
     def tensor_of(self, st):
         """A live tensor object on storage st, or None."""

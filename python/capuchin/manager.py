@@ -75,22 +75,19 @@ _FUNC_INFO = {}  # op -> (name, consumes random numbers)
 _SEQ = (list, tuple)
 
 
-def _flatten(args, kwargs, spec_needed):
+def _flatten(args, kwargs):
     """The leaves of an op's arguments and how to rebuild them (None: the
-    leaves are the positional arguments, as for most ops, or the caller has
-    no use for it: then the keyword values follow, in tree_flatten's order).
-    tree_flatten costs several microseconds: only for nested tensors, or
-    for keywords when the op must be rebuilt (a replay)."""
-    if kwargs and spec_needed:
-        return tree_flatten((args, kwargs))
-    values = list(kwargs.values()) if kwargs else ()
-    for a in (args, values):
-        for e in a:
-            if isinstance(e, _SEQ) and any(isinstance(x, torch.Tensor) for x in e):
-                return tree_flatten((args, kwargs))
-            if isinstance(e, dict):
-                return tree_flatten((args, kwargs))
-    return list(args) + list(values), None
+    leaves are the positional arguments, as for most ops; tree_flatten
+    costs several microseconds)."""
+    if not kwargs:
+        for a in args:
+            if isinstance(a, _SEQ) and any(isinstance(e, torch.Tensor) for e in a):
+                break
+            if isinstance(a, dict):
+                break
+        else:
+            return list(args), None
+    return tree_flatten((args, kwargs))
 
 
 def _run(func, args, kwargs):
@@ -187,8 +184,7 @@ class Manager:
         self._internal_ = False     # the adapter's own tensor ops: not reported
         self._probe = False
         self._tensors = Tensors(None)
-        self._idents = {}           # client id -> Ident of a persistent storage
-                                    # (transient ones: the client's table, storages.c)
+        self._idents = {}           # client id -> Ident
         self._ops = {}              # seq -> _Op of this iteration (the ops
                                     # a recompute list may replay)
         self._diverged_run = 0      # guided steps in a row that left the
@@ -511,71 +507,78 @@ class Manager:
                                    "shared with NumPy: it stays on the device")
         self._saved.reap()
         pend = self._tensors.pending_frees
-        if pend:
-            idents = list(pend)
-            del pend[:]  # in place: the op path watches it
-            for ident in idents:
-                if ident.refs == 0:  # (else referenced again since)
-                    self._unref(ident)
-        if self.client is not None:
-            self.client.report_frees()  # (those of the C table, storages.c)
-        freed = self._tensors.freed_bufs
-        if freed:
-            addrs = list(freed)
-            del freed[:]  # in place: the op path watches it
-            for addr in addrs:
-                buf = self._tensors.drop_buffer(addr)
-                if buf is not None:
-                    self._saved.bury(buf, addr)
-
-    def _unref(self, ident):
-        """No tensor object is on ident's storages any more."""
-        probe = self._probe or ident.id < 0
-        if not probe and self._idents.get(ident.id) is not ident:
-            # A buffer's own record (_saved.alloc): its id may go now (the
-            # client's table reports the free once no handle holds it
-            # either); the buffer goes when the client frees or releases
-            # it, not before.
-            ident.hold = None
+        if not pend:
             return
-        for buf in self._tensors.drop_ident(ident):
-            self._saved.bury(buf, buf.data_ptr())
-        if probe:
+        pend = list(pend)
+        del self._tensors.pending_frees[:]  # in place: the op path watches it
+        for ident in pend:
+            if ident.refs > 0:
+                continue  # referenced again since
+            bufs = self._tensors.drop_ident(ident)
+            self._saved.forget(ident)
+            self._report_free(ident)
+            self._bury(bufs)
+
+    def _report_free(self, ident):
+        if self._probe or ident.id < 0:
             self._live_bytes -= ident.nbytes
             self._probe_events.append((ident, -ident.nbytes))
-        else:
-            del self._idents[ident.id]  # a weight no tensor holds any more
+            return
+        if self._idents.get(ident.id) is not ident:
+            return  # disowned at a step's end; the id may be another's now
+        del self._idents[ident.id]
+        if self.client is not None and not ident.persistent:
+            try:
+                self.client.free(ident.id)
+            except _client.Error:
+                pass  # already gone from the client's view
+
+    def _bury(self, bufs):
+        """The buffers the adapter allocated for a freed id: after the free
+        (which hands a copy still running into one over to the client's
+        deferred releases), kept only while such a copy runs."""
+        for buf in bufs:
+            self._saved.bury(buf, buf.data_ptr())
 
     def _disown_survivors(self):
         """Transient storages that outlive the step (the loss the caller
         keeps) leave the client now: the next step's i-th storage must get
         the id the i-th got before, not a new one because an old tensor
-        still holds it. If the next step uses one, it is adopted again.
-        (The client's table holds them all, storages.c.)"""
-        self.client.disown()
+        still holds it. If the next step uses one, it is adopted again."""
+        for tid, ident in list(self._idents.items()):
+            if ident.persistent:
+                continue
+            del self._idents[tid]
+            bufs = self._tensors.drop_ident(ident)
+            self._saved.forget(ident)
+            try:
+                self.client.free(tid)
+            except _client.Error:
+                pass
+            self._bury(bufs)
 
     def _id_of(self, t):
-        """The id of t's storage, adopting a storage seen the first time
-        (in a reported step into the client's own table, storages.c, which
-        says when the storage is one of this side's: a weight, a buffer)."""
-        if not self._probe:
-            tid = self.client.track(t)
-            if tid is not False:
-                return tid
+        """The id of t's storage, adopting a storage seen the first time."""
         st = self._tensors.lookup(t)
         if st is not None:
             return st.ident.id
-        if not self._probe or t.layout != torch.strided or t.data_ptr() == 0:
+        if t.layout != torch.strided or t.data_ptr() == 0:
             return None
         if self.device is None:
             self.device = t.device
         nbytes = storage_nbytes(t)
-        ident = Ident(-1, nbytes, False)
-        self._probe_events.append((ident, nbytes))
-        self._live_bytes += nbytes
-        if self._live_bytes > self._peak_bytes:
-            self._peak_bytes = self._live_bytes
-        self._tensors.add(t, ident)
+        if self._probe:
+            ident = Ident(-1, nbytes, False)
+            self._probe_events.append((ident, nbytes))
+            self._live_bytes += nbytes
+            if self._live_bytes > self._peak_bytes:
+                self._peak_bytes = self._live_bytes
+        ptr = storage_base(t)
+        if not self._probe:
+            cid = self.client.adopt(nbytes, ptr)
+            ident = Ident(cid, nbytes, False)
+            self._idents[cid] = ident
+        self._tensors.add(t, ident, ptr=ptr)
         return ident.id
 
     # The per-op path: in a reported step the mode's handler is the client's
@@ -609,14 +612,12 @@ class Manager:
                                self.device.type == "cuda"))
 
     def _attach(self):
-        """Give the client's dispatch what it needs of this adapter (the
-        last: the ops that always take the Python path, op_path.c says why)."""
+        """Give the client's dispatch what it needs of this adapter."""
         t = self._tensors
         self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
-                                (t.pending_frees, t.give_up, self._saved.graveyard,
-                                 t.freed_bufs),
+                                (t.pending_frees, t.give_up, self._saved.graveyard),
                                 self._flush_frees, t.give_up, torch.Tensor,
-                                frozenset([_DETACH]), t.freed_bufs)
+                                frozenset([_DETACH]))
 
     def _torch_dispatch(self, func, types, args=(), kwargs=None):
         return self._dispatch(func, args, kwargs or {})
@@ -663,16 +664,15 @@ class Manager:
 
     def _report(self, func, args, kwargs):
         self._op_ran = False
-        t = self._tensors
-        if t.pending_frees or self._saved.graveyard or t.give_up or t.freed_bufs:
+        if self._tensors.pending_frees or self._saved.graveyard or self._tensors.give_up:
             self._flush_frees()
+        leaves, spec = _flatten(args, kwargs)
         probe = self._probe
         guided = self._guided and not self._diverged
         seq = 0 if probe else self.client.op_seq
         # Only ops a recompute list may replay keep their arguments (and the
         # RNG state they ran with) for the replay.
         record = guided and self.client.replayed(seq)
-        leaves, spec = _flatten(args, kwargs, record)
         if guided:
             # PyTorch allocates the op's outputs: first let the swap-outs
             # in flight release what they will take (a budget wait). Before
@@ -806,8 +806,6 @@ class Manager:
         if addr is None:
             return None
         base = self._tensors.tensor_at(addr)
-        if base is None:
-            base = self.client.light_tensor(addr)
         if base is None:
             return None
         if base.dtype != torch.uint8 or base.dim() != 1 or base.storage_offset() != 0:

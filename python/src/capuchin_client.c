@@ -206,7 +206,6 @@ static void Client_close_impl(ClientObject *self) {
     cap_client_t *c = self->c;
     self->c = NULL;
     self->on = 0;
-    cap_py_storages_clear(self);
     cap_client_destroy(c);
   }
 }
@@ -551,19 +550,14 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__client(void) {
   if (PyType_Ready(&ClientType) < 0)
     return NULL;
-  /* The per-op path's methods live in op_path.c and storages.c. */
-  if (cap_py_storages_ready() < 0)
-    return NULL;
-  PyMethodDef *tables[] = {cap_py_op_path_methods, cap_py_storages_methods};
-  for (size_t i = 0; i < sizeof tables / sizeof *tables; i++)
-    for (PyMethodDef *md = tables[i]; md->ml_name; md++) {
-      PyObject *d = PyDescr_NewMethod(&ClientType, md);
-      int rc =
-          d ? PyDict_SetItemString(ClientType.tp_dict, md->ml_name, d) : -1;
-      Py_XDECREF(d);
-      if (rc < 0)
-        return NULL;
-    }
+  /* The per-op path's methods live in op_path.c. */
+  for (PyMethodDef *md = cap_py_op_path_methods; md->ml_name; md++) {
+    PyObject *d = PyDescr_NewMethod(&ClientType, md);
+    int rc = d ? PyDict_SetItemString(ClientType.tp_dict, md->ml_name, d) : -1;
+    Py_XDECREF(d);
+    if (rc < 0)
+      return NULL;
+  }
   PyType_Modified(&ClientType);
   PyObject *m = PyModule_Create(&moddef);
   if (!m)

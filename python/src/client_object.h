@@ -13,7 +13,6 @@
 
 #include "capuchin/client.h"
 #include "capuchin/framework.h"
-#include "storages.h"
 
 #define MAX_IDS 4096
 
@@ -65,12 +64,7 @@ typedef struct {
                           which brings it back first */
   PyObject *tensor_type;
   PyObject *slow_funcs; /* ops that always take the slow path */
-  PyObject *freed_bufs; /* one of the watched lists: the addresses of the
-                           buffers of ids freed on the device (storages.c) */
   PyObject *func_names; /* func -> interned name (bytes), None: slow */
-
-  /* The transient storages the op path adopted itself (storages.c). */
-  cap_py_storages_t storages;
 } ClientObject;
 
 extern PyObject *CapError;
@@ -90,21 +84,5 @@ void cap_py_op_path_end(ClientObject *self, cap_mode_t mode);
 /* The adapter stopped reporting this iteration. */
 void cap_py_op_path_stopped(ClientObject *self);
 void cap_py_op_path_clear(ClientObject *self);
-
-/* storages.c */
-extern PyMethodDef cap_py_storages_methods[];
-/* At import: the weak reference type. */
-int cap_py_storages_ready(void);
-/* The id of t's storage from the table's reference on t, -1 without one. */
-long cap_py_storages_cached(PyObject *t);
-/* The id of t's storage, tracking t (and adopting a storage the table does
- * not hold). -1: t has no storage (not managed); -2: the Python side's (an
- * address its storage table `theirs` holds, or a null data pointer; only
- * when theirs is given); -3: an error, set. */
-long cap_py_storages_track(ClientObject *self, PyObject *t, PyObject *theirs);
-/* Report the frees of the storages whose last tensor object went. */
-void cap_py_storages_report_frees(ClientObject *self);
-/* Forget every storage, reporting nothing (the client is closed). */
-void cap_py_storages_clear(ClientObject *self);
 
 #endif /* CAPUCHIN_PY_CLIENT_OBJECT_H */

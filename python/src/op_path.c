@@ -3,21 +3,18 @@
  * TorchDispatchMode handler itself, so that an ordinary op costs one C
  * call: the ids of its tensors from what the adapter cached on each tensor
  * object, the op run and timed, its report (op_run), and the check that a
- * guided iteration still follows the plan's op sequence. A new output
- * storage is adopted here and its free reported here (storages.c).
- * Whatever is not ordinary (an input seen for the first time, frees of the
- * Python side's storages to report, nested or keyword tensor arguments, an
- * op the plan may replay, the adapter's own ops) goes to the adapter's
- * Python path, slow(func, args, kwargs), which reports through Client.op:
- * the sequence check and the report are here only, for both.
+ * guided iteration still follows the plan's op sequence. Whatever is not
+ * ordinary (a storage seen for the first time, frees to report, nested or
+ * keyword tensor arguments, an op the plan may replay, the adapter's own
+ * ops) goes to the adapter's Python path, slow(func, args, kwargs), which
+ * reports through Client.op: the sequence check and the report are here
+ * only, for both.
  *
- * A tensor's id comes from the reference storages.c keeps on it, else from
- * the Python side's cache on the tensor object (python/capuchin/
- * _tensors.py, _track: storages it took over, weights, buffers): _cap_st,
- * the Storage record of its storage, and _cap_dp, its data_ptr() then. It
- * is used only while the tensor's data_ptr() is still that and the storage
- * table still maps the record's address to it; the record's ident holds
- * the id.
+ * The cache on a tensor object (python/capuchin/_tensors.py, _track):
+ * _cap_st, the Storage record of its storage, and _cap_dp, its data_ptr()
+ * then. It is used only while the tensor's data_ptr() is still that and
+ * the storage table still maps the record's address to it; the record's
+ * ident holds the id.
  */
 #include "client_object.h" /* Python.h first, as CPython requires */
 
@@ -127,7 +124,6 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->give_up);
   Py_CLEAR(self->tensor_type);
   Py_CLEAR(self->slow_funcs);
-  Py_CLEAR(self->freed_bufs);
   Py_CLEAR(self->func_names);
 }
 
@@ -196,9 +192,6 @@ static int64_t now_ns(void) {
 /* The id cached on tensor t, or -1 when there is none that still holds
  * (the Python path then looks the storage up by address). */
 static long cached_id(ClientObject *self, PyObject *t) {
-  long light = cap_py_storages_cached(t);
-  if (light >= 0)
-    return light;
   PyObject **dp = _PyObject_GetDictPtr(t);
   if (!dp || !*dp)
     return -1;
@@ -273,17 +266,12 @@ fail:
 }
 
 /* The ids of the tensors in an op's output (a tensor, or a tuple or list
- * of them, nested once), adopting storages seen the first time (storages.c;
- * one of the Python side's storage table through its id_of). 0, or -1 with
- * an exception set. */
+ * of them, nested once), adopting storages seen the first time through the
+ * Python path's id_of. 0, or -1 with an exception set. */
 static int out_ids(ClientObject *self, PyObject *o, uint32_t *n, int depth) {
   if (PyObject_TypeCheck(o, (PyTypeObject *)self->tensor_type)) {
     long id = cached_id(self, o);
-    if (id < 0)
-      id = cap_py_storages_track(self, o, self->by_ptr);
-    if (id == -3)
-      return -1;
-    if (id == -2) {
+    if (id < 0) {
       PyObject *v = PyObject_CallOneArg(self->id_of, o);
       if (!v)
         return -1;
@@ -291,9 +279,9 @@ static int out_ids(ClientObject *self, PyObject *o, uint32_t *n, int depth) {
       Py_DECREF(v);
       if (id == -1 && PyErr_Occurred())
         return -1;
+      if (id < 0)
+        return 0; /* not a strided storage: not managed */
     }
-    if (id < 0)
-      return 0; /* not a strided storage: not managed */
     if (add_unique(self->ids + MAX_IDS, n, (uint32_t)id) < 0) {
       PyErr_SetString(PyExc_ValueError, "more than 4096 output tensors");
       return -1;
@@ -313,45 +301,26 @@ static int out_ids(ClientObject *self, PyObject *o, uint32_t *n, int depth) {
   return 0;
 }
 
-/* Adds the id of a tensor argument a to the inputs' (1), or says that the
- * op must take the slow path (0): an argument seen the first time, or a
- * storage of the Python side's (a weight) that is not resident: the plan
- * took it out or is bringing it back, and the slow path waits for it. */
-static int in_id(ClientObject *self, PyObject *a, uint32_t *n) {
-  long id = cap_py_storages_cached(a);
-  if (id < 0) {
-    id = cached_id(self, a);
-    if (id < 0 || cap_client_tensor_resident(self->c, (uint32_t)id) != 1)
-      return 0;
-  }
-  return add_unique(self->ids, n, (uint32_t)id) == 0;
-}
-
-/* The inputs' ids, when every tensor argument is a positional one, or in
- * a flat tuple or list of them (cat, stack), with a cached id; 0 when the
- * op must take the slow path, which flattens anything. The ids come in
- * the order the slow path's flattening gives. */
+/* The inputs' ids, when every tensor argument is a positional one with a
+ * cached id; 0 when the op must take the slow path. */
 static int in_ids(ClientObject *self, PyObject *args, uint32_t *n) {
   PyTypeObject *tt = (PyTypeObject *)self->tensor_type;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
     PyObject *a = PyTuple_GET_ITEM(args, i);
     if (PyObject_TypeCheck(a, tt)) {
-      if (!in_id(self, a, n))
+      long id = cached_id(self, a);
+      if (id < 0 || add_unique(self->ids, n, (uint32_t)id) < 0)
         return 0;
     } else if (PyTuple_Check(a) || PyList_Check(a)) {
+      /* a list of tensors (cat, stack): the Python path flattens it */
       PyObject *f = PySequence_Fast(a, "");
       if (!f)
         return 0;
-      int ok = 1;
-      for (Py_ssize_t k = 0; ok && k < PySequence_Fast_GET_SIZE(f); k++) {
-        PyObject *e = PySequence_Fast_GET_ITEM(f, k);
-        if (PyObject_TypeCheck(e, tt))
-          ok = in_id(self, e, n);
-        else
-          ok = !PyTuple_Check(e) && !PyList_Check(e) && !PyDict_Check(e);
-      }
+      int plain = 1;
+      for (Py_ssize_t k = 0; plain && k < PySequence_Fast_GET_SIZE(f); k++)
+        plain = !PyObject_TypeCheck(PySequence_Fast_GET_ITEM(f, k), tt);
       Py_DECREF(f);
-      if (!ok)
+      if (!plain)
         return 0;
     } else if (PyDict_Check(a)) {
       return 0;
@@ -428,8 +397,6 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
    * first, as the Python path would, and the op stays on this path. If
    * the client refuses one, the step stops reporting and the op runs
    * unreported (the slow path sees it stopped). */
-  if (self->on && self->storages.n_dead)
-    cap_py_storages_report_frees(self);
   if (self->on && work_due(self)) {
     PyObject *r = PyObject_CallNoArgs(self->flush);
     if (!r) {
@@ -439,11 +406,6 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
     }
     Py_DECREF(r);
   }
-  /* (Ops with keyword arguments, alpha= or dtype=, stay on the slow path,
-   * and so does detach (slow_funcs). Taking them here was tried: the test
-   * CNN's and transformer's budget tests then failed in 5 of 15 runs,
-   * against about one in ten without (README, PyTorch); the cause is not
-   * found.) */
   int plain = self->on && self->c && args && PyTuple_Check(args) &&
               (!kwargs || kwargs == Py_None ||
                (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0));
@@ -481,15 +443,14 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
 }
 
 /* set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up,
- * tensor_type, slow_funcs, freed_bufs): what dispatch needs of the adapter
- * (see client_object.h). */
+ * tensor_type, slow_funcs): what dispatch needs of the adapter (see
+ * client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *slow, *id_of, *stop, *by_ptr, *watch, *flush, *give_up, *tt, *sf;
-  PyObject *freed;
-  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!O!", &slow, &id_of, &stop,
+  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!", &slow, &id_of, &stop,
                         &PyDict_Type, &by_ptr, &PyTuple_Type, &watch, &flush,
                         &PyList_Type, &give_up, &PyType_Type, &tt,
-                        &PyFrozenSet_Type, &sf, &PyList_Type, &freed))
+                        &PyFrozenSet_Type, &sf))
     return NULL;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
     if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
@@ -507,8 +468,7 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow,    id_of, stop, by_ptr, watch,
-                      flush,   give_up, tt, sf,     freed};
+  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, flush, give_up, tt, sf};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
@@ -520,7 +480,6 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   Py_XSETREF(self->give_up, give_up);
   Py_XSETREF(self->tensor_type, tt);
   Py_XSETREF(self->slow_funcs, sf);
-  Py_XSETREF(self->freed_bufs, freed);
   Py_XSETREF(self->func_names, names);
   Py_RETURN_NONE;
 }
@@ -541,7 +500,7 @@ PyMethodDef cap_py_op_path_methods[] = {
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
      "set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up, "
-     "tensor_type, slow_funcs, freed_bufs)"},
+     "tensor_type, slow_funcs)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},

@@ -8,21 +8,14 @@
    op report, all in capuchin._client's dispatch), in interleaved rounds.
    The adapter's cost is the difference, median and p99. Two ops: a small
    in-place add, and an add whose result is a new storage that is freed at
-   once (the storage adopted, its free noticed and reported).
-2. A real model's mix: whole training steps (forward, backward, SGD) of a
-   small transformer block stack, tiny tensors so that the per-op costs
-   show, timed under an empty TorchDispatchMode and in capuchin steps in
-   interleaved rounds. The adapter's cost per op is the difference of the
-   median step times over the ops a step dispatches; it includes the
-   saved-tensor hooks (Python), which the single ops above do not run.
-3. Per budget: the iteration time (median of the guided iterations) and the
+   once (adopting a storage and reporting its free are the Python path's).
+2. Per budget: the iteration time (median of the guided iterations) and the
    tracked peak of a test model (tests/python/torch_models.py) at 100, 50
    and 30 %, against the same training without Capuchin; evictions, of
    them weights given up (w_out), and recomputed ops over those iterations. Needs a daemon:
    --capuchind starts one in a temporary folder (else $CAPUCHIN_SOCKET).
 """
 import argparse
-import copy as copy_module
 import os
 import statistics
 import subprocess
@@ -36,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import capuchin
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from torch_models import Transformer, build, train_step  # noqa: E402
+from torch_models import build, train_step  # noqa: E402
 
 
 class Empty(TorchDispatchMode):
@@ -85,10 +78,7 @@ def bench_ops(n, sock, op, what, rounds=20):
                       ("capuchin step, guided", dict(socket=sock, plan_wait_s=20))):
         if "socket" in kw and not sock:
             continue
-        # (a budget that needs no eviction: at "100%" of these few bytes the
-        # daemon finds no plan for the new-storage op, and its step stays
-        # passive)
-        mgr = capuchin.Manager(budget=1 << 20, job="bench-ops-" + op.__name__, **kw)
+        mgr = capuchin.Manager(budget="100%", job="bench-ops-" + op.__name__, **kw)
         for _ in range(2 if "socket" in kw else 1):  # the probe (and the measured step)
             with mgr.step():
                 ts = per_op_ns(chunk, x, y, op)
@@ -125,70 +115,6 @@ def bench_ops(n, sock, op, what, rounds=20):
         extra = "" if ts is base else "   adapter: median %5.2f us  p99 %6.2f us" % (
             (m - bm) / 1e3, (p - bp) / 1e3)
         print("  %-40s median %5.2f us  p99 %6.2f us%s" % (label, m / 1e3, p / 1e3, extra))
-
-
-class Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
-def small_step(model, opt, x, y):
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-
-
-def bench_model_step(sock, rounds=30):
-    """One step of each way per round, each way on its own copy of the
-    model (a manager marks the tensors it tracks)."""
-    torch.manual_seed(0)
-    base = Transformer(d=16, blocks=2)
-    x, y = torch.randn(2, 8, 16), torch.randint(0, 10, (2,))
-
-    def copy():
-        m = copy_module.deepcopy(base)
-        return m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-
-    m, o = copy()
-    small_step(m, o, x, y)  # (momentum buffers exist from the second step)
-    with Count() as c:
-        small_step(m, o, x, y)
-    ways = [("empty TorchDispatchMode", None, copy())]
-    for label, kw in (("capuchin step, passive", dict(no_daemon=True)),
-                      ("capuchin step, guided", dict(socket=sock, plan_wait_s=20))):
-        if "socket" in kw and not sock:
-            continue
-        mgr = capuchin.Manager(budget="100%", job="bench-step", **kw)
-        ways.append((label, mgr, copy()))
-        for _ in range(2):  # the probe and the measured step
-            with mgr.step():
-                small_step(*ways[-1][2], x, y)
-    times = {label: [] for label, _, _ in ways}
-    for _ in range(rounds):
-        for label, mgr, (m, o) in ways:
-            t0 = time.perf_counter_ns()
-            with (Empty() if mgr is None else mgr.step()):
-                small_step(m, o, x, y)
-            times[label].append(time.perf_counter_ns() - t0)
-    print("\nper op in a real model's mix (a step of a 2-block transformer, d=16, "
-          "batch 2 x 8: %d ops; median of %d steps):" % (c.ops, rounds))
-    base_ns = statistics.median(times[ways[0][0]])
-    for label, mgr, _ in ways:
-        t = statistics.median(times[label])
-        extra = ""
-        if mgr is not None:
-            its = mgr.iterations[-rounds:]
-            extra = "   adapter: %5.2f us per op (%s, %d evictions)" % (
-                (t - base_ns) / c.ops / 1e3, ",".join(sorted(set(i["mode"] for i in its))),
-                sum(i.get("evictions", 0) for i in its))
-            mgr.close()
-        print("  %-40s step %7.1f us  %5.2f us per op%s" % (label, t / 1e3, t / c.ops / 1e3, extra))
 
 
 def bench_budgets(model, iters, sock, gbps):
@@ -230,7 +156,6 @@ def main():
     ap.add_argument("--ops", type=int, default=20000)
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--sim-gbps", type=float, default=0.05)
-    ap.add_argument("--no-budgets", action="store_true", help="parts 1 and 2 only")
     a = ap.parse_args()
     sock = os.environ.get("CAPUCHIN_SOCKET")
     proc = None
@@ -246,10 +171,7 @@ def main():
     try:
         for op, what in OPS:
             bench_ops(a.ops, sock, op, what)
-        bench_model_step(sock)
-        if a.no_budgets:
-            pass
-        elif sock:
+        if sock:
             bench_budgets(a.model, a.iters, sock, a.sim_gbps)
         else:
             print("\n(no daemon: --capuchind or $CAPUCHIN_SOCKET for the budget table)")
