@@ -172,6 +172,18 @@ int cap_client_poll(cap_client_t *c) {
   return (int)c->n_retire;
 }
 
+bool cap_client_copying(cap_client_t *c, const void *dev) {
+  if (!c || !dev)
+    return false;
+  /* A swap-out pushes its deferred release when it starts, and freeing a
+   * tensor whose copy in is running turns that copy into one: the list
+   * holds every copy that will end in release(dev). */
+  for (uint32_t i = 0; i < c->n_retire; i++)
+    if (c->retire[i].dev == dev && c->retire[i].dev_of != CAP_NONE)
+      return true;
+  return false;
+}
+
 int cap_client_tensor_resident(cap_client_t *c, uint32_t id) {
   if (!c || id >= c->n_tensors || c->tensors[id].state == CAP__T_UNUSED)
     return CAP_EINVAL;

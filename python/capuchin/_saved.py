@@ -43,11 +43,10 @@ class _Handle:
         self.owner = owner
 
     def __del__(self):
-        # Autograd let go of the saved tensor. If the client was still
-        # copying it out, the storage must outlive the copy: kept until the
-        # client has no copy in flight.
+        # Autograd let go of the saved tensor. If the client is still
+        # copying it out, the storage must outlive the copy (bury).
         if self.t is not None:
-            self.owner.bury(self.t)
+            self.owner.bury(self.t, self.ptr)
             self.t = None
         self.owner.m._tensors.unref(self.ident)
 
@@ -64,7 +63,8 @@ class SavedTensors:
     def __init__(self, mgr):
         self.m = mgr
         self.handles = {}      # id -> [weakref(_Handle)]
-        self.graveyard = []    # storages a copy of the client may still use
+        self.graveyard = []    # (address, tensor): storages nothing but a
+                               # copy of the client uses, until its release
         self.weight_hash = {}  # id -> hash of a weight the client released
         self.mismatches = 0
         self.active = False
@@ -92,13 +92,31 @@ class SavedTensors:
     def forget(self, ident):
         self.handles.pop(ident.id, None)
 
-    def bury(self, t):
-        self.graveyard.append(t)
+    def bury(self, t, addr):
+        """Nothing else uses t, the storage at addr, any more. If a copy of
+        the client still does (a swap-out of it, a copy into a freed
+        tensor's buffer), it is kept until the client releases addr; else
+        it goes now. (Keeping every such storage until no copy at all was
+        in flight held saved tensors that no copy used, and kept their
+        frees from the client, for as long as an unrelated swap-out ran:
+        a guided step then went over its budget by them.)"""
+        c = self.m.client
+        if c is not None and c.copying(addr):
+            self.graveyard.append((addr, t))
+
+    def exhume(self, addr):
+        """The client released addr: the storage kept for its copy goes."""
+        g = self.graveyard
+        for i, (a, _) in enumerate(g):
+            if a == addr:
+                del g[i]  # in place: the client's op path watches it
+                return
 
     def reap(self):
-        """Let the graveyard go once the client has no copy in flight."""
+        """What a failed copy kept (no release comes for it) goes once the
+        client has no copy in flight."""
         if self.graveyard and (self.m.client is None or self.m.client.poll() == 0):
-            del self.graveyard[:]  # in place: the client's op path watches it
+            del self.graveyard[:]
 
     # --- hooks ------------------------------------------------------------
     def pack(self, t):
@@ -167,6 +185,8 @@ class SavedTensors:
 
     def release(self, tid, addr, nbytes):
         m = self.m
+        if self.graveyard:
+            self.exhume(addr)
         st = m._tensors.by_ptr.get(addr)
         if st is not None and st.ident.persistent:
             # A weight: its storage is resized to 0 before the next op.

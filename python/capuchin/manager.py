@@ -236,18 +236,27 @@ class Manager:
         """The per-iteration table."""
         cols = ("iter", "mode", "time_ms", "peak_MiB", "budget_MiB", "out_MiB",
                 "in_MiB", "evict", "w_out", "recomp", "stalls", "fallb", "verify_bad", "note")
+        # On CUDA, PyTorch's own peak of each step next to the tracked one
+        # (_note_cuda_peak); "-" for a step it did not measure (the probe).
+        cuda = any("cuda_peak_bytes" in it for it in self.iterations)
+        if cuda:
+            cols = cols[:5] + ("cuda_MiB",) + cols[5:]
         rows = [cols]
         for it in self.iterations:
-            rows.append((str(it["iteration"]), it["mode"],
-                         "%.1f" % (it["time_ns"] / 1e6),
-                         "%.2f" % (it["peak_bytes"] / 2**20),
-                         "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
-                         "%.2f" % (it.get("bytes_out", 0) / 2**20),
-                         "%.2f" % (it.get("bytes_in", 0) / 2**20),
-                         str(it.get("evictions", 0)), str(it.get("weights_out", 0)),
-                         str(it.get("recomputed_ops", 0)),
-                         str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
-                         str(it.get("verify_mismatches", 0)), it.get("note", "")))
+            row = (str(it["iteration"]), it["mode"],
+                   "%.1f" % (it["time_ns"] / 1e6),
+                   "%.2f" % (it["peak_bytes"] / 2**20),
+                   "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
+                   "%.2f" % (it.get("bytes_out", 0) / 2**20),
+                   "%.2f" % (it.get("bytes_in", 0) / 2**20),
+                   str(it.get("evictions", 0)), str(it.get("weights_out", 0)),
+                   str(it.get("recomputed_ops", 0)),
+                   str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
+                   str(it.get("verify_mismatches", 0)), it.get("note", ""))
+            if cuda:
+                peak = it.get("cuda_peak_bytes")
+                row = row[:5] + ("-" if peak is None else "%.2f" % (peak / 2**20),) + row[5:]
+            rows.append(row)
         w = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
         out = []
         for r in rows:
@@ -295,6 +304,8 @@ class Manager:
             if self.client is None:
                 return
         self._flush_frees()
+        if self._on_cuda():
+            torch.cuda.reset_peak_memory_stats(self.device)
         self._mode = self.client.begin()
         self._guided = self._mode == "guided"
         self._sync_op_path()
@@ -320,6 +331,7 @@ class Manager:
             st["iteration"] = self._step_no
             st["note"] = "stopped reporting: " + self._stop_reason
             st["verify_mismatches"] = self._saved.take_mismatches()
+            self._note_cuda_peak(st)
             self.iterations.append(st)
             return
         self._flush_frees()
@@ -345,11 +357,29 @@ class Manager:
         st["connected"] = s["connected"]
         st["iteration"] = self._step_no
         st["weights_out"] = self._weights_out
+        self._note_cuda_peak(st)
+        if st.get("cuda_within_budget") is False:
+            st["note"] = "; ".join(n for n in (st["note"], "CUDA peak over the budget") if n)
         self.iterations.append(st)
         if self._guided:
             self._diverged_run = self._diverged_run + 1 if self._diverged else 0
         if st["mode"] == "measured" and self.plan_wait_s > 0:
             self.client.wait_plan(0, int(self.plan_wait_s * 1000))
+
+    def _on_cuda(self):
+        return self.device is not None and self.device.type == "cuda"
+
+    def _note_cuda_peak(self, st):
+        """On CUDA: what PyTorch's allocator handed out at most in this step
+        (weights included, its cache not; reset when the step began), and
+        whether that kept to the budget. The tracked peak counts only the
+        storages the adapter sees; this one counts everything, a kernel's
+        workspace too. Not on CPU, whose allocator keeps no such count."""
+        if not self._on_cuda():
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        st["cuda_peak_bytes"] = peak
+        st["cuda_within_budget"] = peak <= self.budget_bytes
 
     def _new_client(self):
         stream = 0
@@ -495,21 +525,31 @@ class Manager:
         for ident in pend:
             if ident.refs > 0:
                 continue  # referenced again since
-            for buf in self._tensors.drop_ident(ident):
-                self._saved.bury(buf)
+            bufs = self._tensors.drop_ident(ident)
             self._saved.forget(ident)
-            if self._probe or ident.id < 0:
-                self._live_bytes -= ident.nbytes
-                self._probe_events.append((ident, -ident.nbytes))
-                continue
-            if self._idents.get(ident.id) is not ident:
-                continue  # disowned at a step's end; the id may be another's now
-            del self._idents[ident.id]
-            if self.client is not None and not ident.persistent:
-                try:
-                    self.client.free(ident.id)
-                except _client.Error:
-                    pass  # already gone from the client's view
+            self._report_free(ident)
+            self._bury(bufs)
+
+    def _report_free(self, ident):
+        if self._probe or ident.id < 0:
+            self._live_bytes -= ident.nbytes
+            self._probe_events.append((ident, -ident.nbytes))
+            return
+        if self._idents.get(ident.id) is not ident:
+            return  # disowned at a step's end; the id may be another's now
+        del self._idents[ident.id]
+        if self.client is not None and not ident.persistent:
+            try:
+                self.client.free(ident.id)
+            except _client.Error:
+                pass  # already gone from the client's view
+
+    def _bury(self, bufs):
+        """The buffers the adapter allocated for a freed id: after the free
+        (which hands a copy still running into one over to the client's
+        deferred releases), kept only while such a copy runs."""
+        for buf in bufs:
+            self._saved.bury(buf, buf.data_ptr())
 
     def _disown_survivors(self):
         """Transient storages that outlive the step (the loss the caller
@@ -520,13 +560,13 @@ class Manager:
             if ident.persistent:
                 continue
             del self._idents[tid]
-            for buf in self._tensors.drop_ident(ident):
-                self._saved.bury(buf)
+            bufs = self._tensors.drop_ident(ident)
             self._saved.forget(ident)
             try:
                 self.client.free(tid)
             except _client.Error:
                 pass
+            self._bury(bufs)
 
     def _id_of(self, t):
         """The id of t's storage, adopting a storage seen the first time."""

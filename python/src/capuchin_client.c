@@ -338,6 +338,15 @@ static PyObject *Client_poll(ClientObject *self, PyObject *unused) {
   return PyLong_FromLong(n);
 }
 
+static PyObject *Client_copying(ClientObject *self, PyObject *arg) {
+  if (check_open(self) < 0)
+    return NULL;
+  void *p = PyLong_AsVoidPtr(arg);
+  if (!p && PyErr_Occurred())
+    return NULL;
+  return PyBool_FromLong(cap_client_copying(self->c, p));
+}
+
 static PyObject *Client_set_evictable(ClientObject *self, PyObject *args) {
   unsigned int id;
   int yes;
@@ -473,6 +482,8 @@ static PyMethodDef Client_methods[] = {
     {"poll", (PyCFunction)Client_poll, METH_NOARGS,
      "poll() -> copies still running (finished ones are released)"},
     {"resident", (PyCFunction)Client_resident, METH_O, "resident(id) -> bool"},
+    {"copying", (PyCFunction)Client_copying, METH_O,
+     "copying(address) -> bool: a copy still uses that memory (release to come)"},
     {"set_evictable", (PyCFunction)Client_set_evictable, METH_VARARGS,
      "set_evictable(id, bool): the adapter can give up and take back the "
      "memory of persistent tensor id (capuchin/framework.h)"},

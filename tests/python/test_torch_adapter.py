@@ -33,10 +33,19 @@ from torch_models import build, train_step  # noqa: E402
 ITERS = 7
 # Slow enough that the plans recompute as well as swap; the MLP (its plans
 # only swap) gets more, or its swaps could not hide behind its short ops.
-SIM_GBPS = {"mlp": 0.5, "cnn": 0.05, "transformer": 0.05}
-# A guided iteration's tracked peak may pass the budget by this much (see
-# the budget check below).
-PEAK_SLACK = 0.10
+# The plans follow the measured step's times: a loaded machine that slows
+# it several times over makes swaps look cheap, and at 0.05 GB/s the
+# transformer's plans then swapped only in some runs. (The CNN's did in 3
+# of 96 runs, at 0.05 or 0.02 GB/s alike, once after a fast measured step:
+# not understood; README.)
+SIM_GBPS = {"mlp": 0.5, "cnn": 0.05, "transformer": 0.02}
+# A guided iteration's tracked peak keeps to the budget, except the MLP's
+# at 30 %: train_step reads the gradients through .numpy(), so their
+# storages cannot be given up, but the daemon does not know it and some of
+# its plans count on some of them (64 KiB a weight's) being out; kept, they
+# put the step over by 37 KB (1.7 %) to 102 KB (4.8 %) in about one run in
+# five (README, PyTorch). It is printed, and bounded.
+KNOWN_OVER = {("mlp", 30): 0.05}
 fails = []
 
 
@@ -99,19 +108,21 @@ def scenario_budgets(model_name):
         # PyTorch allocates each op's outputs before the adapter can report
         # the op: before each op the client makes room for what that op's
         # outputs took last time (make_room), and an unpack whose prefetch
-        # found no room waits for swap-outs before it allocates. That keeps
-        # to the budget in most runs but not all: a race not yet found puts
-        # a guided iteration up to 5 % over in some (issue 14, not met), so
-        # an overshoot is printed and the bound the test holds is the one it
-        # held before, PEAK_SLACK.
+        # found no room waits for swap-outs before it allocates. A storage
+        # autograd lets go of goes at once unless a copy of the client still
+        # uses it (issue 14: kept until no copy at all ran, such storages
+        # once put a guided iteration up to 5 % over in some runs). So the
+        # tracked bytes keep to the budget itself, KNOWN_OVER aside.
+        slack = KNOWN_OVER.get((model_name, pct), 0.0)
         for it in guided:
-            if it["peak_bytes"] > mgr.budget_bytes:
+            peak = it["peak_bytes"]
+            if slack and peak > mgr.budget_bytes:
                 print("WARN %s: iteration %d tracked peak %d over the budget %d "
-                      "(known race)" % (label, it["iteration"], it["peak_bytes"],
-                                        mgr.budget_bytes))
-            check("%s: iteration %d tracked peak %d <= budget %d + %d%%" % (
-                label, it["iteration"], it["peak_bytes"], mgr.budget_bytes,
-                PEAK_SLACK * 100), it["peak_bytes"] <= mgr.budget_bytes * (1 + PEAK_SLACK))
+                      "(known, README)" % (label, it["iteration"], peak, mgr.budget_bytes))
+            check("%s: iteration %d tracked peak %d <= budget %d%s" % (
+                label, it["iteration"], peak, mgr.budget_bytes,
+                " + %g%%" % (slack * 100) if slack else ""),
+                peak <= mgr.budget_bytes * (1 + slack))
         swaps += sum(it["bytes_out"] for it in guided)
         recomputes += sum(it["recomputed_ops"] for it in guided)
         if pct == 30 and model_name == "mlp":

@@ -153,6 +153,14 @@ CAP_EXTERN cap_mode_t cap_client_mode(cap_client_t *c);
  * Op end and iteration begin/end do this too. */
 CAP_EXTERN int cap_client_poll(cap_client_t *c);
 
+/* Whether the client still holds the framework memory at dev for a copy
+ * it started: a swap-out out of it, or a copy into the memory of a tensor
+ * freed meanwhile. It calls release for dev once that copy is done; until
+ * then the framework must keep the memory even when nothing else of it
+ * does (a saved tensor autograd let go of, a freed tensor's buffer).
+ * Memory no copy uses can go at once. Owner thread; O(copies in flight). */
+CAP_EXTERN bool cap_client_copying(cap_client_t *c, const void *dev);
+
 /* Whether tensor id is on the device now (1), not (0), or not live
  * (CAP_EINVAL): for adapters that want to know whether the memory they
  * handed over is theirs again. */

@@ -273,6 +273,7 @@ static void test_framework_op_run_and_diverged(void) {
       "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
   CHECK_EQ(cap_client_diverged(c), CAP_ESTATE);
   CHECK_EQ(cap_client_op_run(c, "aten::x", NULL, 0, NULL, 0, -1), CAP_EINVAL);
+  CHECK(!cap_client_copying(NULL, &f) && !cap_client_copying(c, NULL));
   for (int it = 0; it < 4; it++) {
     if (it == 1) /* after an iteration the plan's tensors exist */
       REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
@@ -293,11 +294,17 @@ static void test_framework_op_run_and_diverged(void) {
     uint8_t *pb = fw_new(&f, N);
     REQUIRE(pb);
     CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
+    /* While a's swap-out runs (the only copy there is), the client still
+     * holds a's memory and the framework must keep it; never b's. */
+    int running = cap_client_poll(c);
+    CHECK_EQ(cap_client_copying(c, pa), running > 0);
+    CHECK(!cap_client_copying(c, pb));
     /* Poll until the swap-out has finished: then the framework has been
      * told it may drop a's memory, and a comes back through its allocator. */
     for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
       nanosleep(&(struct timespec){0, 100000}, NULL);
     CHECK_EQ(cap_client_poll(c), 0);
+    CHECK(!cap_client_copying(c, pa));
     CHECK_EQ(f.releases - rel0, it == 1 || it == 3 ? 1u : 0u);
     CHECK_EQ(cap_client_tensor_resident(c, a), it == 1 || it == 3 ? 0 : 1);
     void *p = NULL;
