@@ -304,7 +304,7 @@ class Manager:
             if self.client is None:
                 return
         self._flush_frees()
-        if self._on_cuda():
+        if self._cuda_stats():
             torch.cuda.reset_peak_memory_stats(self.device)
         self._mode = self.client.begin()
         self._guided = self._mode == "guided"
@@ -369,13 +369,20 @@ class Manager:
     def _on_cuda(self):
         return self.device is not None and self.device.type == "cuda"
 
+    def _cuda_stats(self):
+        """Whether PyTorch's allocator keeps the step's peak: on CUDA, and
+        not under placement, whose pluggable allocator keeps no statistics
+        (PyTorch raises if asked); there every allocation of the step goes
+        through the client, whose tracked peak is the step's."""
+        return self._on_cuda() and not self.placement
+
     def _note_cuda_peak(self, st):
         """On CUDA: what PyTorch's allocator handed out at most in this step
         (weights included, its cache not; reset when the step began), and
         whether that kept to the budget. The tracked peak counts only the
         storages the adapter sees; this one counts everything, a kernel's
         workspace too. Not on CPU, whose allocator keeps no such count."""
-        if not self._on_cuda():
+        if not self._cuda_stats():
             return
         peak = torch.cuda.max_memory_allocated(self.device)
         st["cuda_peak_bytes"] = peak
