@@ -37,7 +37,7 @@
 #include "capuchin/sim.h"
 
 /* Schema version this code writes and understands (PRAGMA user_version). */
-#define CAP_STORE_SCHEMA_VERSION 3
+#define CAP_STORE_SCHEMA_VERSION 4
 
 typedef struct cap_store cap_store_t;
 

@@ -224,7 +224,7 @@ static void check_profiles_equal(const cap_profile_t *a,
     const cap_tensor_t *x = &a->tensors[t], *y = &b->tensors[t];
     bad += x->bytes != y->bytes || x->kind != y->kind ||
            x->producer_op != y->producer_op || x->free_ns != y->free_ns ||
-           x->n_accesses != y->n_accesses;
+           x->n_accesses != y->n_accesses || x->no_evict != y->no_evict;
   }
   for (uint32_t i = 0; i < a->n_ops; i++) {
     const cap_op_t *x = &a->ops[i], *y = &b->ops[i];
@@ -295,6 +295,39 @@ static void test_profile_round_trip(void) {
   CHECK_STR(
       text_scalar(cap_store_db(s), "PRAGMA integrity_check", buf, sizeof buf),
       "ok");
+  cap_store_close(s);
+}
+
+/* A tensor marked no_evict comes back marked, the others do not; a plan
+ * recomputed from the store must honour what the client reported. */
+static void test_no_evict_round_trip(void) {
+  cap_store_t *s = NULL;
+  REQUIRE(cap_store_open(tmp_path("no_evict.db"), CAP_STORE_CREATE, &s) == 0);
+  cap_profile_t *p = cap_profile_create();
+  REQUIRE(p);
+  const uint32_t w0 = 0, w1 = 1, a = 2, w1a[] = {1, 2};
+  REQUIRE(cap_profile_add_tensor(p, w0, 4096, CAP_KIND_PARAM) == 0);
+  REQUIRE(cap_profile_add_tensor(p, w1, 4096, CAP_KIND_PARAM) == 0);
+  REQUIRE(cap_profile_add_tensor(p, a, 8192, CAP_KIND_ACTIVATION) == 0);
+  REQUIRE(cap_profile_add_op(p, 0, 0, 10, "aten.mm.default", &w0, 1, &a, 1) ==
+          0);
+  REQUIRE(cap_profile_add_op(p, 1, 10, 20, "aten.mm.default", w1a, 2, NULL,
+                             0) == 0);
+  REQUIRE(cap_profile_add_free(p, 20, a) == 0);
+  REQUIRE(cap_profile_set_no_evict(p, w1) == 0);
+  REQUIRE(cap_profile_finish(p) == 0);
+  cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  int64_t id = 0;
+  REQUIRE(cap_store_profile_put(s, 0, p, cap_profile_signature(p), true, &bw,
+                                &id) == 0);
+  cap_profile_t *q = NULL;
+  REQUIRE(cap_store_profile_load(s, id, &q, NULL) == 0);
+  check_profiles_equal(p, q);
+  CHECK(q->tensors[w1].no_evict);
+  CHECK(!q->tensors[w0].no_evict && !q->tensors[a].no_evict);
+  CHECK(cap_profile_equal(p, q));
+  cap_profile_destroy(q);
+  cap_profile_destroy(p);
   cap_store_close(s);
 }
 
@@ -437,6 +470,7 @@ static void test_migrate_from_schema_2(void) {
   REQUIRE(sqlite3_exec(db,
                        "DROP TABLE plan_blocks;"
                        "ALTER TABLE plans DROP COLUMN arena_bytes;"
+                       "ALTER TABLE profile_tensors DROP COLUMN no_evict;"
                        "PRAGMA user_version = 2;",
                        NULL, NULL, NULL) == SQLITE_OK);
   sqlite3_close(db);
@@ -834,6 +868,7 @@ int main(void) {
   RUN_TEST(test_refuse_newer_version);
   RUN_TEST(test_refuse_foreign_sqlite);
   RUN_TEST(test_profile_round_trip);
+  RUN_TEST(test_no_evict_round_trip);
   RUN_TEST(test_incomplete_profile);
   RUN_TEST(test_plan_round_trip_and_find);
   RUN_TEST(test_events);
