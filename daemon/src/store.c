@@ -49,6 +49,7 @@ enum {
   S_TENSOR_INSERT,
   S_OP_INSERT,
   S_FREE_INSERT,
+  S_TENSOR_NO_EVICT,
   S_PROFILE_FIND,
   S_PROFILE_GET,
   S_META_SELECT,
@@ -105,6 +106,8 @@ static const char *const stmt_sql[S_COUNT] = {
                       " FROM profiles WHERE id = ?1",
     [S_META_SELECT] = "SELECT key, value FROM profile_meta WHERE profile_id = "
                       "?1 ORDER BY seq",
+    [S_TENSOR_NO_EVICT] = "UPDATE profile_tensors SET no_evict = 1"
+                          " WHERE profile_id = ?1 AND tensor = ?2",
     [S_TENSOR_SELECT] = "SELECT tensor, bytes, kind, no_evict"
                         " FROM profile_tensors"
                         " WHERE profile_id = ?1 ORDER BY tensor",
@@ -919,6 +922,43 @@ int cap_store_profile_put(cap_store_t *s, int64_t job_id,
   if (!s || !p)
     return cap__store_fail(CAP_EINVAL, "profile put: NULL argument");
   LOCKED(s, profile_put(s, job_id, p, signature, complete, bw, profile_id));
+}
+
+static int mark_no_evict(cap_store_t *s, int64_t profile_id,
+                         const cap_profile_t *p) {
+  uint32_t n = 0;
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    n += p->tensors[t].no_evict;
+  if (n == 0)
+    return 0; /* the common case: no write at all */
+  int rc = tx_begin(s);
+  if (rc)
+    return rc;
+  sqlite3_stmt *st = stmt(s, S_TENSOR_NO_EVICT);
+  if (!st)
+    goto out_sql;
+  sqlite3_bind_int64(st, 1, profile_id);
+  for (uint32_t t = 0; t < p->n_tensors; t++) {
+    if (!p->tensors[t].no_evict)
+      continue;
+    sqlite3_bind_int64(st, 2, t);
+    if (sqlite3_step(st) != SQLITE_DONE)
+      goto out_sql;
+    sqlite3_reset(st);
+  }
+  return tx_commit(s);
+
+out_sql:
+  rc = sql_fail(s, "profile mark no_evict");
+  tx_rollback(s);
+  return rc;
+}
+
+int cap_store_profile_mark_no_evict(cap_store_t *s, int64_t profile_id,
+                                    const cap_profile_t *p) {
+  if (!s || !p)
+    return cap__store_fail(CAP_EINVAL, "profile mark no_evict: NULL argument");
+  LOCKED(s, mark_no_evict(s, profile_id, p));
 }
 
 static int find_one_id(cap_store_t *s, int which, int64_t *out,

@@ -134,6 +134,13 @@ int cap_store_profile_put(cap_store_t *s, int64_t job_id,
                           bool complete, const cap_bandwidth_t *bw,
                           int64_t *profile_id);
 
+/* Mark in stored profile profile_id every tensor p marks no_evict (p: a
+ * profile of the same signature, measured again). Marks only add up: a
+ * tensor once found not evictable stays so for plans made from the store,
+ * the safe side when runs of a job differ. */
+int cap_store_profile_mark_no_evict(cap_store_t *s, int64_t profile_id,
+                                    const cap_profile_t *p);
+
 /* Newest complete profile with this signature; CAP_ENOENT if none. */
 int cap_store_profile_find(cap_store_t *s, uint64_t signature,
                            int64_t *profile_id);

@@ -1,9 +1,10 @@
 /*
  * A weight the framework cannot give up (cap_client_set_evictable false,
  * as the PyTorch adapter does for a storage NumPy shares) reaches the
- * daemon's profile and store marked no_evict, and the plan, made with
- * persistent eviction under a budget that needs one weight out, evicts the
- * other weight and never that one.
+ * daemon's profile and store marked no_evict, also where the store already
+ * holds the model's profile from a job that could give it up, and the plan,
+ * made with persistent eviction under a budget that needs one weight out,
+ * evicts the other weight and never that one.
  *
  * The job (real client, sim backend, framework memory; real daemon): two
  * 32 MiB weights W0 and W1, read by the first op and the last; between
@@ -104,15 +105,14 @@ static int64_t no_evict_of(const char *db_path, uint32_t tensor) {
   return v;
 }
 
-static void test_no_evict_reaches_the_plan(void) {
-  tc_daemon_t d;
-  const char *extra[] = {"--evict-persistent", "yes", NULL};
-  REQUIRE(tc_daemon_start(&d, NULL, extra) == 0);
+/* One job on the daemon: W1 evictable or not. Checks the marks stored
+ * and, where W1 is marked, that the plan evicts W0 and never W1. */
+static void run_job(const tc_daemon_t *d, bool w1_evictable) {
   cap_client_config_t cfg;
   cap_client_config_init(&cfg);
   cfg.backend = "sim";
   cfg.framework_memory = true;
-  cfg.socket_path = d.sock;
+  cfg.socket_path = d->sock;
   cfg.job_name = "no-evict";
   cfg.budget_bytes = 96 * MIB;
   cfg.connect_timeout_ms = 10000;
@@ -121,7 +121,7 @@ static void test_no_evict_reaches_the_plan(void) {
   uint32_t w[2];
   CHECK_EQ(cap_client_create(&cfg, &c), 0);
   if (!c)
-    goto out;
+    return;
   REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
   for (int i = 0; i < 2; i++) {
     void *p = fw_new(&f, 32 * MIB);
@@ -130,7 +130,7 @@ static void test_no_evict_reaches_the_plan(void) {
                                         &w[i]) == 0);
   }
   REQUIRE(cap_client_set_evictable(c, w[0], true) == 0);
-  REQUIRE(cap_client_set_evictable(c, w[1], false) == 0);
+  REQUIRE(cap_client_set_evictable(c, w[1], w1_evictable) == 0);
   cap_client_stats_t st = {0};
   for (int it = 0; it < 40 && !st.plan_version; it++) {
     run_iter(c, &f, w);
@@ -138,8 +138,8 @@ static void test_no_evict_reaches_the_plan(void) {
     cap_client_get_stats(c, &st);
   }
   CHECK(st.plan_version > 0);
-  CHECK_EQ(no_evict_of(d.db, w[0]), 0);
-  CHECK_EQ(no_evict_of(d.db, w[1]), 1);
+  CHECK_EQ(no_evict_of(d->db, w[0]), 0);
+  CHECK_EQ(no_evict_of(d->db, w[1]), w1_evictable ? 0 : 1);
   const cap_plan_t *plan = c->x.plan;
   CHECK(plan != NULL);
   bool on_w0 = false, on_w1 = false;
@@ -147,16 +147,37 @@ static void test_no_evict_reaches_the_plan(void) {
     on_w0 |= plan->actions[i].tensor == w[0];
     on_w1 |= plan->actions[i].tensor == w[1];
   }
-  CHECK(on_w0);
-  CHECK(!on_w1);
+  if (!w1_evictable) {
+    CHECK(on_w0);
+    CHECK(!on_w1);
+  }
   cap_client_destroy(c);
-out:
   while (f.n_live)
     fw_drop(&f, f.live[0]);
+}
+
+static void test_no_evict_reaches_the_plan(void) {
+  tc_daemon_t d;
+  const char *extra[] = {"--evict-persistent", "yes", NULL};
+  REQUIRE(tc_daemon_start(&d, NULL, extra) == 0);
+  run_job(&d, false);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
+}
+
+/* The same model stored before with W1 evictable (its profile found by
+ * signature, its plans in the store): the marks reach the stored profile
+ * and the plan is made again. */
+static void test_no_evict_on_a_stored_profile(void) {
+  tc_daemon_t d;
+  const char *extra[] = {"--evict-persistent", "yes", NULL};
+  REQUIRE(tc_daemon_start(&d, NULL, extra) == 0);
+  run_job(&d, true);
+  run_job(&d, false);
   CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
 int main(void) {
   RUN_TEST(test_no_evict_reaches_the_plan);
+  RUN_TEST(test_no_evict_on_a_stored_profile);
   return TEST_SUMMARY();
 }
