@@ -519,6 +519,8 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
     }
   }
   pthread_mutex_unlock(&c->mu);
+  if (c->recording)
+    cap__rec_no_evict(c);
   {
     /* ITER_END carries the stats across the ring in two records. */
     uint64_t s = cap__ring_reserve(&c->ring, 2);

@@ -31,6 +31,7 @@ enum {
   CAP__REC_ITER_END = 5,/* a = iteration, b = mode | CAP__ITER_* flags,
                            c = plan version; stats here and in a CONT */
   CAP__REC_ITER_BEGIN = 6, /* a = iteration, b = measured */
+  CAP__REC_NO_EVICT = 7,   /* a = id: a declared tensor no plan may evict */
 };
 
 /* ITER_END's b: the mode (cap_mode_t) in the low byte, then these. */
@@ -651,5 +652,11 @@ bool cap__rec_free(cap_client_t *c, uint32_t id, int64_t t);
 bool cap__rec_simple(cap_client_t *c, uint8_t type, uint32_t a, uint32_t b);
 /* Declare ids decl_next..upto (inclusive) to the daemon, in order. */
 void cap__decl_upto(cap_client_t *c, uint32_t upto);
+
+/* framework.c */
+/* Record, at the end of a measured iteration, the framework's persistent
+ * tensors it cannot give up, so that the daemon plans without evicting
+ * them. */
+void cap__rec_no_evict(cap_client_t *c);
 
 #endif /* CAP_CLIENT_IMPL_H */

@@ -28,6 +28,19 @@ int cap_client_set_evictable(cap_client_t *c, uint32_t id, bool yes) {
   return 0;
 }
 
+void cap__rec_no_evict(cap_client_t *c) {
+  /* Every one, each measured iteration: the daemon plans from the last
+   * measured iteration only, and a new session knows nothing of the old. */
+  if (c->n_tensors)
+    cap__decl_upto(c, c->n_tensors - 1);
+  for (uint32_t i = 0; i < c->n_tensors; i++) {
+    const cap__tensor_t *t = &c->tensors[i];
+    if (t->framework && t->persistent && !t->evictable &&
+        !cap__rec_simple(c, CAP__REC_NO_EVICT, i, 0))
+      c->it.dropped_records++;
+  }
+}
+
 /* The tensor is on the device at the framework's dev. */
 static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   cap__tensor_t *t = &c->tensors[id];

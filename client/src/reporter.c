@@ -566,6 +566,10 @@ static void rep_drain(rep_t *r) {
                              r->op_buf + rec->b, rec->c);
       break;
     }
+    case CAP__REC_NO_EVICT:
+      if (r->in_measured)
+        cap_proto_batch_add_no_evict(r->batch, rec->a);
+      break;
     case CAP__REC_FREE:
       if (!r->in_measured)
         break;

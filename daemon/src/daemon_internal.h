@@ -93,6 +93,8 @@ typedef struct cap__iter_records {
   uint32_t n_names, cap_names;
   cap_free_t *frees;
   uint32_t n_frees, cap_frees;
+  uint32_t *no_evict; /* tensors no plan may evict (AccessBatch.no_evict) */
+  uint32_t n_no_evict, cap_no_evict;
 } cap__iter_records_t;
 
 typedef struct cap__tracker {

@@ -353,7 +353,11 @@ static void work_cb(uv_work_t *req) {
     t->profile_out = p;
     t->signature = cap_profile_signature(p);
     rc = cap_store_profile_find(t->store, t->signature, &t->profile_id);
-    if (rc == CAP_ENOENT)
+    /* The signature leaves no_evict out (the model is the same): a storage
+     * found shared this time must be kept by plans made from the store. */
+    if (rc == 0)
+      rc = cap_store_profile_mark_no_evict(t->store, t->profile_id, p);
+    else if (rc == CAP_ENOENT)
       rc = cap_store_profile_put(t->store, t->job_id, p, t->signature, true,
                                  &t->bw, &t->profile_id);
     if (rc) {

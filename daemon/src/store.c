@@ -49,6 +49,7 @@ enum {
   S_TENSOR_INSERT,
   S_OP_INSERT,
   S_FREE_INSERT,
+  S_TENSOR_NO_EVICT,
   S_PROFILE_FIND,
   S_PROFILE_GET,
   S_META_SELECT,
@@ -94,7 +95,7 @@ static const char *const stmt_sql[S_COUNT] = {
         " ?15)",
     [S_META_INSERT] = "INSERT INTO profile_meta VALUES (?1, ?2, ?3, ?4)",
     [S_TENSOR_INSERT] =
-        "INSERT INTO profile_tensors VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO profile_tensors VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [S_OP_INSERT] =
         "INSERT INTO profile_ops VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,"
         " ?10)",
@@ -105,7 +106,10 @@ static const char *const stmt_sql[S_COUNT] = {
                       " FROM profiles WHERE id = ?1",
     [S_META_SELECT] = "SELECT key, value FROM profile_meta WHERE profile_id = "
                       "?1 ORDER BY seq",
-    [S_TENSOR_SELECT] = "SELECT tensor, bytes, kind FROM profile_tensors"
+    [S_TENSOR_NO_EVICT] = "UPDATE profile_tensors SET no_evict = 1"
+                          " WHERE profile_id = ?1 AND tensor = ?2",
+    [S_TENSOR_SELECT] = "SELECT tensor, bytes, kind, no_evict"
+                        " FROM profile_tensors"
                         " WHERE profile_id = ?1 ORDER BY tensor",
     [S_OP_SELECT] = "SELECT seq, start_ns, end_ns, name, n_in, n_out, inputs,"
                     " outputs"
@@ -855,6 +859,7 @@ static int profile_put(cap_store_t *s, int64_t job_id, const cap_profile_t *p,
     bind_u32_or_null(st, 5, p->finished ? tt->producer_op : CAP_NONE);
     sqlite3_bind_int64(st, 6, p->finished ? tt->free_ns : -1);
     sqlite3_bind_int64(st, 7, p->finished ? tt->n_accesses : 0);
+    sqlite3_bind_int(st, 8, tt->no_evict);
     if (sqlite3_step(st) != SQLITE_DONE)
       goto out_sql;
     sqlite3_reset(st);
@@ -917,6 +922,43 @@ int cap_store_profile_put(cap_store_t *s, int64_t job_id,
   if (!s || !p)
     return cap__store_fail(CAP_EINVAL, "profile put: NULL argument");
   LOCKED(s, profile_put(s, job_id, p, signature, complete, bw, profile_id));
+}
+
+static int mark_no_evict(cap_store_t *s, int64_t profile_id,
+                         const cap_profile_t *p) {
+  uint32_t n = 0;
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    n += p->tensors[t].no_evict;
+  if (n == 0)
+    return 0; /* the common case: no write at all */
+  int rc = tx_begin(s);
+  if (rc)
+    return rc;
+  sqlite3_stmt *st = stmt(s, S_TENSOR_NO_EVICT);
+  if (!st)
+    goto out_sql;
+  sqlite3_bind_int64(st, 1, profile_id);
+  for (uint32_t t = 0; t < p->n_tensors; t++) {
+    if (!p->tensors[t].no_evict)
+      continue;
+    sqlite3_bind_int64(st, 2, t);
+    if (sqlite3_step(st) != SQLITE_DONE)
+      goto out_sql;
+    sqlite3_reset(st);
+  }
+  return tx_commit(s);
+
+out_sql:
+  rc = sql_fail(s, "profile mark no_evict");
+  tx_rollback(s);
+  return rc;
+}
+
+int cap_store_profile_mark_no_evict(cap_store_t *s, int64_t profile_id,
+                                    const cap_profile_t *p) {
+  if (!s || !p)
+    return cap__store_fail(CAP_EINVAL, "profile mark no_evict: NULL argument");
+  LOCKED(s, mark_no_evict(s, profile_id, p));
 }
 
 static int find_one_id(cap_store_t *s, int which, int64_t *out,
@@ -1027,7 +1069,9 @@ static int profile_load(cap_store_t *s, int64_t id, cap_profile_t **out,
       goto out;
     }
     if (cap_profile_add_tensor(p, (uint32_t)t, col_u64(st, 1),
-                               (cap_tensor_kind_t)kind) != 0) {
+                               (cap_tensor_kind_t)kind) != 0 ||
+        (sqlite3_column_int(st, 3) &&
+         cap_profile_set_no_evict(p, (uint32_t)t) != 0)) {
       rc = corrupt(s, id, "tensor", p);
       goto out;
     }

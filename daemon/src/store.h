@@ -37,7 +37,7 @@
 #include "capuchin/sim.h"
 
 /* Schema version this code writes and understands (PRAGMA user_version). */
-#define CAP_STORE_SCHEMA_VERSION 3
+#define CAP_STORE_SCHEMA_VERSION 4
 
 typedef struct cap_store cap_store_t;
 
@@ -133,6 +133,13 @@ int cap_store_profile_put(cap_store_t *s, int64_t job_id,
                           const cap_profile_t *p, uint64_t signature,
                           bool complete, const cap_bandwidth_t *bw,
                           int64_t *profile_id);
+
+/* Mark in stored profile profile_id every tensor p marks no_evict (p: a
+ * profile of the same signature, measured again). Marks only add up: a
+ * tensor once found not evictable stays so for plans made from the store,
+ * the safe side when runs of a job differ. */
+int cap_store_profile_mark_no_evict(cap_store_t *s, int64_t profile_id,
+                                    const cap_profile_t *p);
 
 /* Newest complete profile with this signature; CAP_ENOENT if none. */
 int cap_store_profile_find(cap_store_t *s, uint64_t signature,

@@ -176,6 +176,10 @@ static const char *const migrations[] = {
     "  same_as INTEGER,"
     "  PRIMARY KEY (plan_id, seq)"
     ") STRICT, WITHOUT ROWID;",
+    /* 3 -> 4: tensors the framework cannot give up (cap_tensor_t.no_evict);
+     * profiles stored before knew of none */
+    "ALTER TABLE profile_tensors ADD COLUMN no_evict INTEGER NOT NULL"
+    "  DEFAULT 0 CHECK (no_evict IN (0, 1));",
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] ==

@@ -43,6 +43,7 @@ void cap__iter_records_free(cap__iter_records_t *r) {
     free(r->names[i]);
   free(r->names);
   free(r->frees);
+  free(r->no_evict);
   memset(r, 0, sizeof *r);
 }
 
@@ -55,6 +56,7 @@ static void reset_iteration(cap__tracker_t *t) {
   t->rec.n_ops = 0;
   t->rec.n_op_tensors = 0;
   t->rec.n_frees = 0;
+  t->rec.n_no_evict = 0;
   if (t->name_slots)
     memset(t->name_slots, 0, t->n_slots * sizeof *t->name_slots);
   t->active = false;
@@ -308,6 +310,26 @@ int cap__tracker_free(cap__tracker_t *t, int64_t t_ns, uint32_t tensor,
   return 0;
 }
 
+/* Declared tensor id may not be evicted by plans made from this iteration. */
+static int no_evict(cap__tracker_t *t, uint32_t id, char *err, size_t err_len) {
+  cap__iter_records_t *r = &t->rec;
+  if (id >= t->n_tensors) {
+    snprintf(err, err_len, "no_evict: tensor %" PRIu32 " not declared (%" PRIu32
+             " declared)", id, t->n_tensors);
+    return CAP_EPROTO;
+  }
+  /* A client sends each id once per iteration; more is a misbehaving one. */
+  if (r->n_no_evict >= t->lim.max_tensors) {
+    snprintf(err, err_len, "iteration %" PRIu64 ": more than %" PRIu32
+             " no_evict marks (session quota)", t->iteration, t->lim.max_tensors);
+    return CAP_EQUOTA;
+  }
+  GROW(r->no_evict, r->n_no_evict, r->cap_no_evict, r->n_no_evict + 1,
+       uint32_t);
+  r->no_evict[r->n_no_evict++] = id;
+  return 0;
+}
+
 int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
                        uint64_t *accesses, char *err, size_t err_len) {
   int rc = 0;
@@ -319,6 +341,9 @@ int cap__tracker_batch(cap__tracker_t *t, const Capuchin__AccessBatch *b,
       return rc;
   if ((rc = cap__tracker_begin(t, b->iteration, err, err_len)) != 0)
     return rc;
+  for (size_t i = 0; i < b->n_no_evict; i++)
+    if ((rc = no_evict(t, b->no_evict[i], err, err_len)))
+      return rc;
   uint64_t before = t->rec.n_op_tensors;
   for (size_t i = 0; i < b->n_ops; i++) {
     const Capuchin__OpRecord *o = b->ops[i];
@@ -416,6 +441,9 @@ int cap__iter_records_build(cap__iter_records_t *r, const char *const *meta,
   for (uint32_t i = 0; i < r->n_tensors; i++)
     if ((rc = cap_profile_add_tensor(p, i, r->t_bytes[i],
                                      (cap_tensor_kind_t)r->t_kind[i])))
+      goto out_error;
+  for (uint32_t i = 0; i < r->n_no_evict; i++)
+    if ((rc = cap_profile_set_no_evict(p, r->no_evict[i])))
       goto out_error;
   for (uint32_t i = 0; i < r->n_ops; i++) {
     const cap__tracker_op_t *o = &r->ops[i];

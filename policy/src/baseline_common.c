@@ -27,7 +27,7 @@ bool cap__op_is_heavy(const cap_profile_t *p, uint32_t op) {
 bool cap__evictable(const cap_profile_t *p, const cap_plan_config_t *cfg,
                     uint32_t t) {
   const cap_tensor_t *ct = &p->tensors[t];
-  if (ct->bytes == 0 || ct->n_accesses < 2)
+  if (ct->bytes == 0 || ct->n_accesses < 2 || ct->no_evict)
     return false;
   if (ct->kind == CAP_KIND_ACTIVATION)
     return ct->free_ns >= 0;

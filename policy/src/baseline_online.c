@@ -111,7 +111,7 @@ static uint32_t acc_op(const cap_profile_t *p, uint32_t t, uint32_t k) {
  * (the framework frees them later); the baselines do neither, as before. */
 static bool may_evict(const online_t *on, uint32_t t) {
   const cap_tensor_t *ct = &on->p->tensors[t];
-  if (on->mode == MODE_BELADY && ct->bytes > 0) {
+  if (on->mode == MODE_BELADY && ct->bytes > 0 && !ct->no_evict) {
     if (ct->kind == CAP_KIND_ACTIVATION && ct->free_ns >= 0)
       return true;
     return on->cfg->evict_persistent && ct->n_accesses >= 2;

@@ -157,6 +157,13 @@ int cap_plan_validate(const cap_plan_t *plan, const cap_profile_t *p, char *err,
       keys[i] = (key_t_){a->tensor, a->evict_after_access, i};
       continue;
     }
+    if (t->no_evict) {
+      rc = fail(err, err_len,
+                "action %u (tensor %u): evicts a tensor the framework cannot "
+                "give up (no_evict)",
+                i, a->tensor);
+      goto out_free;
+    }
     if (a->evict_after_access == 0 || a->evict_after_access >= t->n_accesses) {
       rc = fail(err, err_len,
                 "action %u (tensor %u): evict after access %u, but the tensor "

@@ -38,18 +38,30 @@ static const cap__planner_fn planner_fns[] = {
 
 /* Every op needs its own inputs and outputs on the device at once, on top
  * of what never leaves it. */
+/* Whether tensor x is on the device through the whole iteration whatever
+ * the plan: resident without persistent eviction, or one the framework
+ * cannot give up (no_evict) with it. */
+static bool counted_always(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                           uint32_t x) {
+  const cap_tensor_t *t = &p->tensors[x];
+  return cap_tensor_is_resident(t) && (!cfg->evict_persistent || t->no_evict);
+}
+
 uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cfg) {
   if (!p || !cfg)
     return 0;
-  uint64_t best = 0;
+  uint64_t best = 0, kept = 0;
+  for (uint32_t x = 0; x < p->n_tensors && cfg->evict_persistent; x++)
+    if (counted_always(p, cfg, x))
+      kept += p->tensors[x].bytes;
   for (uint32_t o = 0; o < p->n_ops; o++) {
     const cap_op_t *op = &p->ops[o];
-    uint64_t sum = cfg->evict_persistent ? 0 : p->persistent_bytes;
+    uint64_t sum = cfg->evict_persistent ? kept : p->persistent_bytes;
     const uint32_t *ts = p->op_tensors;
     uint32_t n = op->n_in + op->n_out;
     for (uint32_t i = 0; i < n; i++) {
       uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
-      if (!cfg->evict_persistent && cap_tensor_is_resident(&p->tensors[x]))
+      if (counted_always(p, cfg, x))
         continue;
       bool dup = false;
       for (uint32_t j = 0; j < i && !dup; j++)

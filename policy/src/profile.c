@@ -367,6 +367,18 @@ int cap_profile_add_tensor(cap_profile_t *p, uint32_t id, uint64_t bytes,
   return 0;
 }
 
+int cap_profile_set_no_evict(cap_profile_t *p, uint32_t id) {
+  if (!p)
+    return CAP_EINVAL;
+  int rc = check_open(p);
+  if (rc)
+    return rc;
+  if (id >= p->n_tensors)
+    return fail(p, CAP_EPARSE, "no_evict: unknown tensor id %" PRIu32, id);
+  p->tensors[id].no_evict = true;
+  return 0;
+}
+
 /* In-place by PyTorch's naming: the operator (between namespace and
  * overload) ends in '_' ("aten.add_.Tensor", "aten._foreach_add_.List");
  * dunders are in-place only as "__i*__" ("aten.__iand__.Tensor"). */
@@ -702,7 +714,8 @@ bool cap_profile_equal(const cap_profile_t *a, const cap_profile_t *b) {
     const cap_tensor_t *x = &a->tensors[i], *y = &b->tensors[i];
     if (x->bytes != y->bytes || x->kind != y->kind ||
         x->producer_op != y->producer_op || x->free_ns != y->free_ns ||
-        x->access_off != y->access_off || x->n_accesses != y->n_accesses)
+        x->access_off != y->access_off || x->n_accesses != y->n_accesses ||
+        x->no_evict != y->no_evict)
       return false;
   }
   for (uint32_t i = 0; i < a->n_ops; i++) {

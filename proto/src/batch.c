@@ -39,6 +39,9 @@ struct cap_proto_batch {
   int64_t *free_t_ns;
   uint32_t *free_tensor;
 
+  size_t n_no_evict, cap_no_evict;
+  uint32_t *no_evict;
+
   /* Per-batch name table and its index (open addressing, index + 1 per
    * slot, 0 = empty, at most half full). */
   size_t n_names, cap_names;
@@ -89,6 +92,7 @@ void cap_proto_batch_destroy(cap_proto_batch_t *b) {
   free(b->decl_kind);
   free(b->free_t_ns);
   free(b->free_tensor);
+  free(b->no_evict);
   free(b);
 }
 
@@ -96,9 +100,9 @@ void cap_proto_batch_reset(cap_proto_batch_t *b, uint64_t iteration) {
   free_names(b);
   b->iteration = iteration;
   b->dropped = 0;
-  b->n_ops = b->n_tensors = b->n_decls = b->n_frees = 0;
+  b->n_ops = b->n_tensors = b->n_decls = b->n_frees = b->n_no_evict = 0;
   /* Envelope tag + length, iteration, dropped, and every column's prefix. */
-  b->bytes = 1 + V32 + 2 * (1 + V64) + 15 * COLUMN_OVERHEAD;
+  b->bytes = 1 + V32 + 2 * (1 + V64) + 16 * COLUMN_OVERHEAD;
 }
 
 /* Grow each of the nptr arrays (element sizes in sizes[]) from *cap to hold
@@ -279,12 +283,25 @@ int cap_proto_batch_add_free(cap_proto_batch_t *b, int64_t t_ns,
   return 0;
 }
 
+int cap_proto_batch_add_no_evict(cap_proto_batch_t *b, uint32_t tensor) {
+  if (tensor >= TENSOR_LIMIT)
+    return CAP_ERANGE;
+  void **ptrs[] = {(void **)&b->no_evict};
+  const size_t sizes[] = {sizeof *b->no_evict};
+  int rc = grow(&b->cap_no_evict, b->n_no_evict + 1, ptrs, sizes, 1);
+  if (rc < 0)
+    return rc;
+  b->no_evict[b->n_no_evict++] = tensor;
+  b->bytes += V32;
+  return 0;
+}
+
 void cap_proto_batch_set_dropped(cap_proto_batch_t *b, uint64_t dropped) {
   b->dropped = dropped;
 }
 
 size_t cap_proto_batch_records(const cap_proto_batch_t *b) {
-  return b->n_decls + b->n_ops + b->n_frees;
+  return b->n_decls + b->n_ops + b->n_frees + b->n_no_evict;
 }
 
 size_t cap_proto_batch_bytes(const cap_proto_batch_t *b) { return b->bytes; }
@@ -319,6 +336,8 @@ int cap_proto_batch_append_frame(const cap_proto_batch_t *b,
   m.n_free_t_ns = m.n_free_tensor = b->n_frees;
   m.free_t_ns = b->free_t_ns;
   m.free_tensor = b->free_tensor;
+  m.n_no_evict = b->n_no_evict;
+  m.no_evict = b->no_evict;
   Capuchin__Envelope env = CAPUCHIN__ENVELOPE__INIT;
   env.msg_case = CAPUCHIN__ENVELOPE__MSG_ACCESS_BATCH;
   env.access_batch = &m;

@@ -267,6 +267,9 @@ static int v_access_batch(vctx_t *c, const Capuchin__AccessBatch *m) {
       return FAIL(c, CAP_ERANGE, "decl_kind[%zu] = %d is not a tensor kind", i,
                   (int)m->decl_kind[i]);
 
+  CHECK_RC(check_count(c, m->n_no_evict, "no_evict marks"));
+  CHECK_RC(check_tensors(c, m->no_evict, m->n_no_evict, "no_evict"));
+
   size_t nf = m->n_free_t_ns;
   CHECK_RC(check_count(c, nf, "frees"));
   if (m->n_free_tensor != nf)

@@ -31,7 +31,7 @@ void cap_plan_config_init(cap_plan_config_t *cfg, uint64_t budget_bytes);
 /* A floor under every plan's peak for p under cfg (its evict_persistent
  * decides whether persistent tensors count): the largest sum, over the
  * ops, of an op's own inputs and outputs, plus the persistent bytes when
- * they may not leave. No plan fits a smaller budget; capuchin finds one at
+ * they may not leave (those marked no_evict never may). No plan fits a smaller budget; capuchin finds one at
  * most budgets above it (with stalls, near it). */
 uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cfg);
 

@@ -34,6 +34,8 @@ typedef struct cap_tensor {
   int64_t free_ns;      /* time of its `free` line; -1 when never freed */
   uint32_t access_off;  /* accesses: p->access_ops[access_off + k - 1] */
   uint32_t n_accesses;
+  bool no_evict; /* the framework cannot give its memory up (a storage
+                    NumPy shares): no plan may evict it */
 } cap_tensor_t;
 
 /* cap_op_t.flags */
@@ -136,6 +138,10 @@ int cap_profile_add_op(cap_profile_t *p, uint32_t seq, int64_t start_ns,
                        int64_t end_ns, const char *name, const uint32_t *in,
                        uint32_t n_in, const uint32_t *out, uint32_t n_out);
 int cap_profile_add_free(cap_profile_t *p, int64_t t_ns, uint32_t tensor);
+/* Mark declared tensor id as one no plan may evict (cap_tensor_t.no_evict).
+ * Frameworks mark persistent tensors whose memory they cannot give up; a
+ * marked activation is kept all the same. Idempotent. */
+int cap_profile_set_no_evict(cap_profile_t *p, uint32_t id);
 int cap_profile_finish(cap_profile_t *p);
 /* Message for the last failed builder call ("op 17: unknown tensor id 99999"). */
 const char *cap_profile_error(const cap_profile_t *p);

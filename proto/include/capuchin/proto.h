@@ -98,9 +98,11 @@ int cap_proto_batch_add_op(cap_proto_batch_t *b, uint32_t seq,
                            const uint32_t *out, uint32_t n_out);
 int cap_proto_batch_add_free(cap_proto_batch_t *b, int64_t t_ns,
                              uint32_t tensor);
+/* A declared tensor no plan may evict (AccessBatch.no_evict). */
+int cap_proto_batch_add_no_evict(cap_proto_batch_t *b, uint32_t tensor);
 /* Records the ring dropped (sent as AccessBatch.dropped). */
 void cap_proto_batch_set_dropped(cap_proto_batch_t *b, uint64_t dropped);
-/* Records held: declarations + ops + frees. */
+/* Records held: declarations + ops + frees + no_evict marks. */
 size_t cap_proto_batch_records(const cap_proto_batch_t *b);
 /* Upper bound of the payload size the batch encodes to now (flush before it
  * nears the peer's max_frame_bytes). */

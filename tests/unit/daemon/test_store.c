@@ -224,7 +224,7 @@ static void check_profiles_equal(const cap_profile_t *a,
     const cap_tensor_t *x = &a->tensors[t], *y = &b->tensors[t];
     bad += x->bytes != y->bytes || x->kind != y->kind ||
            x->producer_op != y->producer_op || x->free_ns != y->free_ns ||
-           x->n_accesses != y->n_accesses;
+           x->n_accesses != y->n_accesses || x->no_evict != y->no_evict;
   }
   for (uint32_t i = 0; i < a->n_ops; i++) {
     const cap_op_t *x = &a->ops[i], *y = &b->ops[i];
@@ -295,6 +295,60 @@ static void test_profile_round_trip(void) {
   CHECK_STR(
       text_scalar(cap_store_db(s), "PRAGMA integrity_check", buf, sizeof buf),
       "ok");
+  cap_store_close(s);
+}
+
+/* W0 and W1 (params) read by op 0 and op 1, an activation between them;
+ * W1 marked no_evict when mark is set. */
+static cap_profile_t *two_weights(bool mark) {
+  cap_profile_t *p = cap_profile_create();
+  const uint32_t w0 = 0, a = 2, w1a[] = {1, 2};
+  if (!p || cap_profile_add_tensor(p, 0, 4096, CAP_KIND_PARAM) ||
+      cap_profile_add_tensor(p, 1, 4096, CAP_KIND_PARAM) ||
+      cap_profile_add_tensor(p, 2, 8192, CAP_KIND_ACTIVATION) ||
+      cap_profile_add_op(p, 0, 0, 10, "aten.mm.default", &w0, 1, &a, 1) ||
+      cap_profile_add_op(p, 1, 10, 20, "aten.mm.default", w1a, 2, NULL, 0) ||
+      cap_profile_add_free(p, 20, a) ||
+      (mark && cap_profile_set_no_evict(p, 1)) || cap_profile_finish(p)) {
+    cap_profile_destroy(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* A tensor marked no_evict comes back marked, the others do not; a
+ * profile stored unmarked takes the marks of one measured again (a plan
+ * recomputed from the store must honour what the client reported). */
+static void test_no_evict_round_trip(void) {
+  cap_store_t *s = NULL;
+  REQUIRE(cap_store_open(tmp_path("no_evict.db"), CAP_STORE_CREATE, &s) == 0);
+  cap_profile_t *p = two_weights(true), *plain = two_weights(false);
+  REQUIRE(p && plain);
+  cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  uint64_t sig = cap_profile_signature(p);
+  CHECK(sig == cap_profile_signature(plain)); /* marks are not the model */
+  int64_t id = 0, plain_id = 0;
+  REQUIRE(cap_store_profile_put(s, 0, p, sig, true, &bw, &id) == 0);
+  REQUIRE(cap_store_profile_put(s, 0, plain, sig, true, &bw, &plain_id) == 0);
+  cap_profile_t *q = NULL;
+  REQUIRE(cap_store_profile_load(s, id, &q, NULL) == 0);
+  check_profiles_equal(p, q);
+  CHECK(q->tensors[1].no_evict);
+  CHECK(!q->tensors[0].no_evict && !q->tensors[2].no_evict);
+  CHECK(cap_profile_equal(p, q));
+  cap_profile_destroy(q);
+  q = NULL;
+  REQUIRE(cap_store_profile_load(s, plain_id, &q, NULL) == 0);
+  CHECK(!q->tensors[1].no_evict);
+  cap_profile_destroy(q);
+  q = NULL;
+  CHECK_EQ(cap_store_profile_mark_no_evict(s, plain_id, plain), 0); /* none */
+  CHECK_EQ(cap_store_profile_mark_no_evict(s, plain_id, p), 0);
+  REQUIRE(cap_store_profile_load(s, plain_id, &q, NULL) == 0);
+  CHECK(cap_profile_equal(p, q));
+  cap_profile_destroy(q);
+  cap_profile_destroy(plain);
+  cap_profile_destroy(p);
   cap_store_close(s);
 }
 
@@ -437,6 +491,7 @@ static void test_migrate_from_schema_2(void) {
   REQUIRE(sqlite3_exec(db,
                        "DROP TABLE plan_blocks;"
                        "ALTER TABLE plans DROP COLUMN arena_bytes;"
+                       "ALTER TABLE profile_tensors DROP COLUMN no_evict;"
                        "PRAGMA user_version = 2;",
                        NULL, NULL, NULL) == SQLITE_OK);
   sqlite3_close(db);
@@ -834,6 +889,7 @@ int main(void) {
   RUN_TEST(test_refuse_newer_version);
   RUN_TEST(test_refuse_foreign_sqlite);
   RUN_TEST(test_profile_round_trip);
+  RUN_TEST(test_no_evict_round_trip);
   RUN_TEST(test_incomplete_profile);
   RUN_TEST(test_plan_round_trip_and_find);
   RUN_TEST(test_events);

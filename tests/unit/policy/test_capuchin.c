@@ -190,9 +190,11 @@ static void test_infeasible_reports_smallest_peak(void) {
 /* A 200 MB weight used at the first and the last op only; ten 2 ms ops in
  * between, the middle three making 50 MB temporaries (the peak: 251 MB).
  * The budget (220 MB) fits only if the weight leaves the device. */
-static void test_persistent_only_when_allowed(void) {
+static const uint32_t Wb = 0, Ws = 1; /* big_weight()'s two weights */
+
+/* no_evict marks Wb as one the framework cannot give up. */
+static cap_profile_t *big_weight(bool no_evict) {
   fx_t f = {cap_profile_create(), 0, 0};
-  uint32_t Wb = 0, Ws = 1;
   fx_tensor(&f, Wb, 200 * MB, CAP_KIND_PARAM);
   fx_tensor(&f, Ws, 1 * MB, CAP_KIND_PARAM);
   for (uint32_t i = 0; i < 12; i++)
@@ -213,7 +215,13 @@ static void test_persistent_only_when_allowed(void) {
   fx_op(&f, t, t + 10 * US, "aten.mm.default", &Wb, 1, &o, 1);
   t += 10 * US;
   fx_free(&f, t, o);
-  cap_profile_t *p = fx_finish(&f);
+  if (no_evict && !f.err)
+    f.err = cap_profile_set_no_evict(f.p, Wb);
+  return fx_finish(&f);
+}
+
+static void test_persistent_only_when_allowed(void) {
+  cap_profile_t *p = big_weight(false);
   REQUIRE(p);
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, 220 * MB);
@@ -234,6 +242,45 @@ static void test_persistent_only_when_allowed(void) {
   CHECK_EQ(r.stall_ns, 0);
   cap_sim_result_close(&r);
   cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
+/* The same weight, but the framework cannot give it up (a storage NumPy
+ * shares): with persistent eviction no planner may evict it, capuchin
+ * reports the budget infeasible, and the validator rejects a plan that
+ * evicts it, which it accepts for the unmarked profile. */
+static void test_no_evict_persistent(void) {
+  cap_profile_t *p = big_weight(true), *q = big_weight(false);
+  REQUIRE(p && q);
+  CHECK(p->tensors[Wb].no_evict);
+  CHECK(!p->tensors[Ws].no_evict);
+  cap_plan_config_t cfg;
+  cap_plan_config_init(&cfg, 220 * MB);
+  cfg.evict_persistent = true;
+  /* Wb counts at every op when it cannot leave, else only at its own. */
+  CHECK_EQ(cap_plan_min_budget(p, &cfg), (uint64_t)251 * MB);
+  CHECK_EQ(cap_plan_min_budget(q, &cfg), (uint64_t)201 * MB);
+  char err[256];
+  for (size_t i = 0; cap_planner_names[i]; i++) {
+    cap_plan_t *plan = NULL;
+    int rc = cap_plan_compute(p, cap_planner_names[i], &cfg, &plan);
+    CHECK(rc == 0 || rc == CAP_EINFEASIBLE);
+    if (!strcmp(cap_planner_names[i], "capuchin"))
+      CHECK_EQ(rc, CAP_EINFEASIBLE);
+    for (uint32_t k = 0; plan && k < plan->n_actions; k++)
+      CHECK(plan->actions[k].tensor != Wb);
+    if (plan)
+      CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), 0);
+    cap_plan_destroy(plan);
+  }
+  cap_plan_t *bad = cap_plan_create("capuchin", 220 * MB);
+  REQUIRE(bad);
+  CHECK_EQ(cap_plan_add_swap(bad, Wb, 1, CAP_NONE, 0, 0), 0);
+  CHECK_EQ(cap_plan_validate(bad, q, err, sizeof err), 0);
+  CHECK(cap_plan_validate(bad, p, err, sizeof err) != 0);
+  CHECK(strstr(err, "no_evict") != NULL);
+  cap_plan_destroy(bad);
+  cap_profile_destroy(q);
   cap_profile_destroy(p);
 }
 
@@ -467,6 +514,7 @@ int main(void) {
   RUN_TEST(test_inplace_input_not_replayed);
   RUN_TEST(test_infeasible_reports_smallest_peak);
   RUN_TEST(test_persistent_only_when_allowed);
+  RUN_TEST(test_no_evict_persistent);
   RUN_TEST(test_release_lingering_gradient);
   RUN_TEST(test_replan_without_costly_replay);
   RUN_TEST(test_copy_engine_to_costliest_replay);
