@@ -64,11 +64,11 @@ check "libcapuchin-client0: ldconfig trigger" \
   bash -c 'dpkg-deb -I "$0" triggers | grep -q ldconfig' "$lib"
 check "libcapuchin-client0: section libs" test "$(field "$lib" Section)" = libs
 
-for h in client.h error.h extern.h framework.h types.h; do
+for h in client.h error.h extern.h framework.h framework_alloc.h types.h; do
   check "libcapuchin-client-dev: $h" has "$dev" "/usr/include/capuchin/$h"
 done
 check "libcapuchin-client-dev: only the public headers" \
-  test "$(files "$dev" | grep -c '^/usr/include/capuchin/.*\.h$')" = 5
+  test "$(files "$dev" | grep -c '^/usr/include/capuchin/.*\.h$')" = 6
 check "libcapuchin-client-dev: the .so link" has "$dev" "/usr/lib/(.*/)?libcapuchin-client\.so"
 check "libcapuchin-client-dev: pkg-config" has "$dev" "/usr/lib/(.*/)?pkgconfig/capuchin-client\.pc"
 check "libcapuchin-client-dev: CMake package" \

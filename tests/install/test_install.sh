@@ -51,7 +51,7 @@ check "no static or internal library installed" \
 
 # The public headers: exactly these, each self-contained.
 headers=$(cd "$prefix/include/capuchin" && ls)
-check "headers: $(echo $headers)" test "$(echo $headers)" = "client.h error.h extern.h framework.h types.h"
+check "headers: $(echo $headers)" test "$(echo $headers)" = "client.h error.h extern.h framework.h framework_alloc.h types.h"
 for h in $headers; do
   check "<capuchin/$h> compiles alone (C11)" \
     "$cc" "${flags[@]}" -fsyntax-only -I"$prefix/include" -x c - \
