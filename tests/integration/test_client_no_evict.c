@@ -19,49 +19,17 @@
 #include "capuchin/client.h"
 #include "capuchin/framework.h"
 #include "client_impl.h" /* c->x.plan: the plan the daemon sent */
+#include "fake_framework.h"
 #include "testclient.h"
 
 #define MIB (1ull << 20)
 #define N_MID 6
 
-typedef struct fw {
-  void *live[16];
-  uint32_t n_live;
-} fw_t;
-
-static void *fw_new(fw_t *f, size_t n) {
-  void *p = malloc(n);
-  if (p && f->n_live < 16)
-    f->live[f->n_live++] = p;
-  return p;
-}
-
-static void fw_drop(fw_t *f, void *p) {
-  for (uint32_t i = 0; i < f->n_live; i++)
-    if (f->live[i] == p) {
-      f->live[i] = f->live[--f->n_live];
-      free(p);
-      return;
-    }
-}
-
-static int fw_alloc(void *user, uint32_t id, uint64_t bytes, void **dev) {
-  (void)id;
-  *dev = fw_new(user, bytes);
-  return *dev ? 0 : -1;
-}
-
-static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
-  (void)id;
-  (void)bytes;
-  fw_drop(user, dev);
-}
-
 /* An op of the job: its output adopted from fresh framework memory. */
-static uint32_t run_op(cap_client_t *c, fw_t *f, const uint32_t *in,
+static uint32_t run_op(cap_client_t *c, fake_fw_t *f, const uint32_t *in,
                        uint32_t n_in, uint64_t out_bytes) {
   uint32_t out = CAP_NONE;
-  void *o = fw_new(f, out_bytes);
+  void *o = fake_fw_new(f, out_bytes);
   CHECK(o != NULL);
   if (!o)
     return CAP_NONE;
@@ -71,13 +39,13 @@ static uint32_t run_op(cap_client_t *c, fw_t *f, const uint32_t *in,
   return out;
 }
 
-static void drop(cap_client_t *c, fw_t *f, uint32_t id) {
+static void drop(cap_client_t *c, fake_fw_t *f, uint32_t id) {
   void *p = cap_client_tensor_ptr(c, id);
   CHECK_EQ(cap_client_free(c, id), 0);
-  fw_drop(f, p);
+  fake_fw_drop(f, p);
 }
 
-static void run_iter(cap_client_t *c, fw_t *f, const uint32_t w[2]) {
+static void run_iter(cap_client_t *c, fake_fw_t *f, const uint32_t w[2]) {
   CHECK_EQ(cap_client_iteration_begin(c), 0);
   uint32_t a = run_op(c, f, w, 2, MIB);
   for (int i = 0; i < N_MID; i++)
@@ -117,14 +85,15 @@ static void run_job(const tc_daemon_t *d, bool w1_evictable) {
   cfg.budget_bytes = 96 * MIB;
   cfg.connect_timeout_ms = 10000;
   cap_client_t *c = NULL;
-  fw_t f = {0};
+  fake_fw_t f = {0};
   uint32_t w[2];
   CHECK_EQ(cap_client_create(&cfg, &c), 0);
   if (!c)
     return;
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
   for (int i = 0; i < 2; i++) {
-    void *p = fw_new(&f, 32 * MIB);
+    void *p = fake_fw_new(&f, 32 * MIB);
     REQUIRE(p);
     REQUIRE(cap_client_adopt_persistent(c, 32 * MIB, CAP_KIND_PARAM, p,
                                         &w[i]) == 0);
@@ -153,7 +122,7 @@ static void run_job(const tc_daemon_t *d, bool w1_evictable) {
   }
   cap_client_destroy(c);
   while (f.n_live)
-    fw_drop(&f, f.live[0]);
+    fake_fw_drop(&f, f.live[0]);
 }
 
 static void test_no_evict_reaches_the_plan(void) {

@@ -19,6 +19,7 @@
 #include "cap_test.h"
 #include "capuchin/client.h"
 #include "capuchin/framework.h"
+#include "fake_framework.h"
 
 #define N 4096u
 
@@ -31,50 +32,6 @@ static const char plan_json[] =
     "\"prefetch_at\":{\"tensor\":3,\"access\":1}},"
     "{\"tensor\":2,\"evict_after_access\":2,\"method\":\"recompute\","
     "\"recompute_ops\":[1]}]}";
-
-/* The framework's side: live buffers and what the client asked of it. */
-typedef struct fw {
-  void *live[64];
-  uint32_t n_live;
-  uint32_t allocs, releases, recomputes;
-  uint32_t released_ids[64];
-  uint32_t n_released_ids;
-} fw_t;
-
-static void *fw_new(fw_t *f, size_t n) {
-  void *p = malloc(n);
-  if (p && f->n_live < 64)
-    f->live[f->n_live++] = p;
-  return p;
-}
-
-static void fw_drop(fw_t *f, void *p) {
-  for (uint32_t i = 0; i < f->n_live; i++)
-    if (f->live[i] == p) {
-      f->live[i] = f->live[--f->n_live];
-      free(p);
-      return;
-    }
-}
-
-static int fw_alloc(void *user, uint32_t id, uint64_t bytes, void **dev) {
-  fw_t *f = user;
-  (void)id;
-  f->allocs++;
-  *dev = fw_new(f, bytes);
-  return *dev ? 0 : -1;
-}
-
-static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
-  fw_t *f = user;
-  (void)bytes;
-  f->releases++;
-  if (f->n_released_ids < 64)
-    f->released_ids[f->n_released_ids++] = id;
-  /* The framework's tensor no longer holds the storage; the client gave it
-   * up, so it goes. */
-  fw_drop(f, dev);
-}
 
 static void kernel(uint32_t seq, void *const *in, void *const *out) {
   const uint8_t *x = in[0], *y = in[1];
@@ -93,7 +50,7 @@ static int recompute(void *user, uint32_t seq, const char *name,
                      const uint32_t *in_ids, void *const *in_ptrs,
                      uint32_t n_in, const uint32_t *out_ids,
                      void *const *out_ptrs, uint32_t n_out) {
-  fw_t *f = user;
+  fake_fw_t *f = user;
   (void)name; (void)in_ids; (void)out_ids;
   if (seq != 1 || n_in != 1 || n_out != 1)
     return -1;
@@ -106,14 +63,14 @@ static int recompute(void *user, uint32_t seq, const char *name,
  * the op (adopting it), holds the storages of a, b and d as autograd
  * would, and frees them at the end unless the client still has them. With
  * acquire_a, a is brought back the way an unpack hook does, before op3. */
-static int iteration(cap_client_t *c, fw_t *f, uint32_t w, bool acquire_a,
+static int iteration(cap_client_t *c, fake_fw_t *f, uint32_t w, bool acquire_a,
                      uint8_t *e_out, cap_iter_stats_t *st) {
   static const char *names[5] = {"aten::add", "aten::mul", "aten::add",
                                  "aten::add", "aten::add"};
   uint32_t ids[5]; /* a b c d e */
   int rc = cap_client_iteration_begin(c);
   for (uint32_t k = 0; k < 5 && rc == 0; k++) {
-    void *buf = fw_new(f, N);
+    void *buf = fake_fw_new(f, N);
     if (!buf)
       return CAP_ENOMEM;
     rc = cap_client_adopt(c, N, buf, &ids[k]);
@@ -158,7 +115,7 @@ static int iteration(cap_client_t *c, fw_t *f, uint32_t w, bool acquire_a,
     void *p = cap_client_tensor_ptr(c, ids[k]);
     rc = cap_client_free(c, ids[k]);
     if (p)
-      fw_drop(f, p);
+      fake_fw_drop(f, p);
   }
   return rc ? rc : cap_client_iteration_end(c, st);
 }
@@ -181,18 +138,19 @@ static void run(bool acquire_a) {
   cfg.budget_bytes = 64 * N;
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
-  fw_t f = {0};
+  fake_fw_t f = {0};
   uint32_t w = 0;
-  uint8_t *wbuf = fw_new(&f, N);
+  uint8_t *wbuf = fake_fw_new(&f, N);
   REQUIRE(wbuf);
   for (uint32_t i = 0; i < N; i++)
     wbuf[i] = (uint8_t)(i * 7 + 1);
   /* Adopting needs the callbacks first. */
   CHECK_EQ(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w),
            CAP_ESTATE);
-  CHECK_EQ(cap_client_set_framework_memory(c, NULL, fw_release, &f),
+  CHECK_EQ(cap_client_set_framework_memory(c, NULL, fake_fw_release, &f),
            CAP_EINVAL);
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
   REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
   CHECK_EQ(w, 0);
   cap_client_set_recompute(c, recompute, &f);
@@ -250,7 +208,7 @@ static void run(bool acquire_a) {
   cap_client_destroy(c);
   /* What the framework holds now is its weight alone. */
   CHECK_EQ(f.n_live, 1);
-  fw_drop(&f, wbuf);
+  fake_fw_drop(&f, wbuf);
 }
 
 /* The framework reports each op after running it (cap_client_op_run, as
@@ -265,8 +223,9 @@ static void test_framework_op_run_and_diverged(void) {
   cfg.framework_memory = true;
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
-  fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  fake_fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
@@ -284,14 +243,14 @@ static void test_framework_op_run_and_diverged(void) {
       CHECK_EQ(cap_client_mode(c), CAP_MODE_PASSIVE);
     }
     uint32_t a, b;
-    uint8_t *pa = fw_new(&f, N);
+    uint8_t *pa = fake_fw_new(&f, N);
     REQUIRE(pa);
     memset(pa, 0x5a, N);
     CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
     CHECK_EQ(a, 0);
     uint32_t rel0 = f.releases;
     CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
-    uint8_t *pb = fw_new(&f, N);
+    uint8_t *pb = fake_fw_new(&f, N);
     REQUIRE(pb);
     CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
     /* While a's swap-out runs (the only copy there is), the client still
@@ -318,7 +277,7 @@ static void test_framework_op_run_and_diverged(void) {
       void *q = cap_client_tensor_ptr(c, id);
       CHECK_EQ(cap_client_free(c, id), 0);
       if (q)
-        fw_drop(&f, q);
+        fake_fw_drop(&f, q);
     }
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.plan_version, it == 0 ? 0u : 1u);
@@ -349,8 +308,9 @@ static void budget_and_host_cap(bool capped) {
   cfg.host_pool_cap_bytes = capped ? N / 2 : 0;
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
-  fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  fake_fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
@@ -360,7 +320,7 @@ static void budget_and_host_cap(bool capped) {
       REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     uint32_t a, b;
-    uint8_t *pa = fw_new(&f, N);
+    uint8_t *pa = fake_fw_new(&f, N);
     REQUIRE(pa);
     CHECK_EQ(cap_client_adopt(c, N, pa, &a), 0);
     CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &a, 1, 1000), 0);
@@ -371,7 +331,7 @@ static void budget_and_host_cap(bool capped) {
     CHECK_EQ(cap_client_make_room(c), guided && capped ? 0 : 1);
     CHECK_EQ(cap_client_tensor_resident(c, a), freed ? 0 : 1);
     CHECK_EQ(f.releases, freed ? 1u : 0u);
-    uint8_t *pb = fw_new(&f, N);
+    uint8_t *pb = fake_fw_new(&f, N);
     REQUIRE(pb);
     CHECK_EQ(cap_client_adopt(c, N, pb, &b), 0);
     void *p = NULL;
@@ -382,7 +342,7 @@ static void budget_and_host_cap(bool capped) {
       void *q = cap_client_tensor_ptr(c, id);
       CHECK_EQ(cap_client_free(c, id), 0);
       if (q)
-        fw_drop(&f, q);
+        fake_fw_drop(&f, q);
     }
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     if (it == 1) {
@@ -411,9 +371,10 @@ static void test_framework_persistent_evictable(void) {
   cfg.framework_memory = true;
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
-  fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
-  uint8_t *wbuf = fw_new(&f, N);
+  fake_fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
+  uint8_t *wbuf = fake_fw_new(&f, N);
   REQUIRE(wbuf);
   for (uint32_t i = 0; i < N; i++)
     wbuf[i] = (uint8_t)(i * 13 + 5);
@@ -432,7 +393,7 @@ static void test_framework_persistent_evictable(void) {
     for (uint32_t k = 0; k < 2; k++) {
       void *p = NULL;
       CHECK_EQ(cap_client_acquire(c, w, &p), 0); /* before the op reads it */
-      uint8_t *o = fw_new(&f, N), *x = p;
+      uint8_t *o = fake_fw_new(&f, N), *x = p;
       REQUIRE(o && x);
       for (uint32_t i = 0; i < N; i++)
         o[i] = (uint8_t)(x[i] + k);
@@ -454,7 +415,7 @@ static void test_framework_persistent_evictable(void) {
     for (uint32_t k = 0; k < 2; k++) {
       void *q = cap_client_tensor_ptr(c, out[k]);
       CHECK_EQ(cap_client_free(c, out[k]), 0);
-      fw_drop(&f, q);
+      fake_fw_drop(&f, q);
     }
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.evictions, it == 1 ? 1u : 0u);
@@ -466,7 +427,7 @@ static void test_framework_persistent_evictable(void) {
   cap_client_destroy(c);
   CHECK_EQ(f.n_live, 1); /* the weight, in the memory the client asked for */
   while (f.n_live)
-    fw_drop(&f, f.live[0]);
+    fake_fw_drop(&f, f.live[0]);
 }
 
 /* Two prefetches triggered at the same access (c's first): the plan takes
@@ -481,8 +442,9 @@ static void test_framework_prefetch_queue(void) {
   cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
-  fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, &f) == 0);
+  fake_fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
@@ -497,7 +459,7 @@ static void test_framework_prefetch_queue(void) {
     uint32_t id[4];
     void *buf[4];
     for (uint32_t k = 0; k < 3; k++) { /* a, b, c written */
-      REQUIRE((buf[k] = fw_new(&f, N)) != NULL);
+      REQUIRE((buf[k] = fake_fw_new(&f, N)) != NULL);
       memset(buf[k], (int)k + 1, N);
       CHECK_EQ(cap_client_adopt(c, N, buf[k], &id[k]), 0);
       CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &id[k], 1, 1000), 0);
@@ -515,14 +477,14 @@ static void test_framework_prefetch_queue(void) {
     CHECK_EQ(cap_client_acquire(c, id[0], &pa), 0);
     CHECK_EQ(cap_client_acquire(c, id[1], &pb), 0);
     CHECK(pa && pb && ((uint8_t *)pa)[N - 1] == 1 && ((uint8_t *)pb)[0] == 2);
-    REQUIRE((buf[3] = fw_new(&f, N)) != NULL);
+    REQUIRE((buf[3] = fake_fw_new(&f, N)) != NULL);
     CHECK_EQ(cap_client_adopt(c, N, buf[3], &id[3]), 0);
     CHECK_EQ(cap_client_op_run(c, "aten::add", id, 2, &id[3], 1, 1000), 0);
     cap_iter_stats_t st;
     for (uint32_t k = 0; k < 4; k++) {
       void *q = cap_client_tensor_ptr(c, id[k]);
       CHECK_EQ(cap_client_free(c, id[k]), 0);
-      fw_drop(&f, q);
+      fake_fw_drop(&f, q);
     }
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.bytes_in, it == 1 ? 2u * N : 0u);
