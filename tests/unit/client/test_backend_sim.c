@@ -44,19 +44,28 @@ static void sim_duplex_exact(void) {
   /* warm the pages so that first-touch faults do not count */
   memset(d1, 0, big);
   memset(h2, 0, small);
-  int64_t t0 = cap_backend_now_ns(b);
-  CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, d1, h1, big), 0);
-  CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_D2H, h2, d2, small), 0);
-  CHECK_EQ(cap_backend_event_record(b, e1, CAP_STREAM_H2D), 0);
-  CHECK_EQ(cap_backend_event_record(b, e2, CAP_STREAM_D2H), 0);
-  CHECK_EQ(cap_backend_event_synchronize(b, e2), 0);
-  int64_t t_d2h = cap_backend_now_ns(b) - t0;
-  CHECK_EQ(cap_backend_event_synchronize(b, e1), 0);
-  int64_t t_h2d = cap_backend_now_ns(b) - t0;
-  printf("  duplex: D2H %.3f ms (model 12.000), H2D %.3f ms (model 19.500)\n", t_d2h / 1e6,
-         t_h2d / 1e6);
-  CHECK(t_d2h >= 11640000 && t_d2h < 12000000 * 4 + 100000000);
-  CHECK(t_h2d >= 18900000 && t_h2d < 19500000 * 4 + 100000000);
+  /* A loaded machine can deschedule this process for longer than any
+   * margin: an upper bound must hold in one of three tries, a lower bound
+   * (the model's pace) in every one. */
+  int64_t t_d2h = 0, t_h2d = 0;
+  for (int try = 0; try < 3; try++) {
+    int64_t t0 = cap_backend_now_ns(b);
+    CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, d1, h1, big), 0);
+    CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_D2H, h2, d2, small), 0);
+    CHECK_EQ(cap_backend_event_record(b, e1, CAP_STREAM_H2D), 0);
+    CHECK_EQ(cap_backend_event_record(b, e2, CAP_STREAM_D2H), 0);
+    CHECK_EQ(cap_backend_event_synchronize(b, e2), 0);
+    t_d2h = cap_backend_now_ns(b) - t0;
+    CHECK_EQ(cap_backend_event_synchronize(b, e1), 0);
+    t_h2d = cap_backend_now_ns(b) - t0;
+    printf("  duplex: D2H %.3f ms (model 12.000), H2D %.3f ms (model 19.500)\n",
+           t_d2h / 1e6, t_h2d / 1e6);
+    CHECK(t_d2h >= 11640000 && t_h2d >= 18900000);
+    if (t_d2h < 12000000 * 4 + 100000000 && t_h2d < 19500000 * 4 + 100000000)
+      break;
+  }
+  CHECK(t_d2h < 12000000 * 4 + 100000000);
+  CHECK(t_h2d < 19500000 * 4 + 100000000);
   CHECK(t_h2d > t_d2h);
   CHECK(((unsigned char *)d1)[big - 1] == 1 && ((unsigned char *)h2)[small - 1] == 2);
   cap_backend_event_destroy(b, e1);
@@ -81,13 +90,19 @@ static void sim_serialised(void) {
   REQUIRE(cap_backend_device_alloc(b, 2 * n, &d) == 0);
   memset(h, 7, n);
   memset(d, 0, 2 * n);
-  int64_t t0 = cap_backend_now_ns(b);
-  CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, d, h, n), 0);
-  CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, (char *)d + n, h, n), 0);
-  CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_H2D), 0);
-  int64_t el = cap_backend_now_ns(b) - t0;
-  printf("  two 8 MB H2D copies: %.3f ms (model 2.000)\n", el / 1e6);
-  CHECK(el >= 1950000 && el < 2000000 * 4 + 100000000);
+  int64_t el = 0;
+  for (int try = 0; try < 3; try++) { /* upper bound: one of three tries */
+    int64_t t0 = cap_backend_now_ns(b);
+    CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, d, h, n), 0);
+    CHECK_EQ(cap_backend_copy_async(b, CAP_STREAM_H2D, (char *)d + n, h, n), 0);
+    CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_H2D), 0);
+    el = cap_backend_now_ns(b) - t0;
+    printf("  two 8 MB H2D copies: %.3f ms (model 2.000)\n", el / 1e6);
+    CHECK(el >= 1950000);
+    if (el < 2000000 * 4 + 100000000)
+      break;
+  }
+  CHECK(el < 2000000 * 4 + 100000000);
   cap_backend_device_free(b, d);
   cap_backend_host_free(b, h);
   cap_backend_destroy(b);
@@ -99,26 +114,36 @@ static void sim_time_scale(void) {
   sim_config(0.05);
   cap_backend_t *b = NULL;
   REQUIRE(cap_backend_create(&conf_cfg, &b) == 0);
-  struct timespec r0, r1;
-  CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_COMPUTE), 0);
-  clock_gettime(CLOCK_MONOTONIC, &r0);
-  int64_t t0 = cap_backend_now_ns(b);
-  for (int i = 0; i < 10; i++)
-    CHECK_EQ(cap_backend_run_op(b, 10000000, NULL, 0), 0);
-  int64_t el = cap_backend_now_ns(b) - t0;
-  clock_gettime(CLOCK_MONOTONIC, &r1);
-  double real = (double)(r1.tv_sec - r0.tv_sec) * 1e9 + (double)(r1.tv_nsec - r0.tv_nsec);
-  printf("  10 ops of 10 ms at scale 0.05: clock %.2f ms, real %.2f ms\n", el / 1e6, real / 1e6);
-  CHECK(el >= 100000000 && el < 100000000 + (int64_t)(100e6 / 0.05));
-  CHECK(real >= 0.05 * 100e6 * 0.99 && real < 0.05 * 100e6 * 3 + 100e6);
-  /* ops back to back do not accumulate sleep overshoot: 200 ops of 50 us */
-  CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_COMPUTE), 0);
-  t0 = cap_backend_now_ns(b);
-  for (int i = 0; i < 200; i++)
-    CHECK_EQ(cap_backend_run_op(b, 50000, NULL, 0), 0);
-  el = cap_backend_now_ns(b) - t0;
-  printf("  200 ops of 50 us at scale 0.05: clock %.2f ms (model 10.00)\n", el / 1e6);
-  CHECK(el >= 10000000 && el < 10000000 * 3 + 100000000);
+  /* upper bounds: one of three tries (see sim_duplex_exact) */
+  bool fast_enough = false;
+  for (int try = 0; try < 3 && !fast_enough; try++) {
+    struct timespec r0, r1;
+    CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_COMPUTE), 0);
+    clock_gettime(CLOCK_MONOTONIC, &r0);
+    int64_t t0 = cap_backend_now_ns(b);
+    for (int i = 0; i < 10; i++)
+      CHECK_EQ(cap_backend_run_op(b, 10000000, NULL, 0), 0);
+    int64_t el = cap_backend_now_ns(b) - t0;
+    clock_gettime(CLOCK_MONOTONIC, &r1);
+    double real = (double)(r1.tv_sec - r0.tv_sec) * 1e9 +
+                  (double)(r1.tv_nsec - r0.tv_nsec);
+    printf("  10 ops of 10 ms at scale 0.05: clock %.2f ms, real %.2f ms\n",
+           el / 1e6, real / 1e6);
+    CHECK(el >= 100000000 && real >= 0.05 * 100e6 * 0.99);
+    fast_enough = el < 100000000 + (int64_t)(100e6 / 0.05) &&
+                  real < 0.05 * 100e6 * 3 + 100e6;
+    /* ops back to back do not accumulate sleep overshoot: 200 ops of 50 us */
+    CHECK_EQ(cap_backend_stream_synchronize(b, CAP_STREAM_COMPUTE), 0);
+    t0 = cap_backend_now_ns(b);
+    for (int i = 0; i < 200; i++)
+      CHECK_EQ(cap_backend_run_op(b, 50000, NULL, 0), 0);
+    el = cap_backend_now_ns(b) - t0;
+    printf("  200 ops of 50 us at scale 0.05: clock %.2f ms (model 10.00)\n",
+           el / 1e6);
+    CHECK(el >= 10000000);
+    fast_enough = fast_enough && el < 10000000 * 3 + 100000000;
+  }
+  CHECK(fast_enough);
   cap_backend_destroy(b);
 }
 
