@@ -134,6 +134,21 @@ static int replace_placement(cap__task_t *t, uint64_t budget,
   return rc;
 }
 
+/* plan becomes the session's plan under a version above its last, stored
+ * as a new row (t->plan_id). On a store error the plan goes and the task
+ * says why. */
+static void store_as_new_version(cap__task_t *t, cap_plan_t *plan) {
+  plan->version = t->base_version + 1;
+  int rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, plan, &t->bw,
+                              &t->plan_id);
+  if (rc) {
+    cap_plan_destroy(plan);
+    store_err(t, rc, "storing a plan");
+    return;
+  }
+  t->plan = plan;
+}
+
 /* A plan for (profile, signature, budget): the stored one when there is one
  * for these bandwidths, else a new one. Sets t->plan/plan_id/reused, or
  * t->infeasible. Every plan gets a version above the session's last. */
@@ -158,16 +173,8 @@ static void find_or_compute(cap__task_t *t, const cap_profile_t *p) {
         return;
       }
       /* Same actions under a fresh version for this session. */
-      plan->version = t->base_version + 1;
-      rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, plan, &t->bw,
-                              &t->plan_id);
-      if (rc) {
-        cap_plan_destroy(plan);
-        store_err(t, rc, "storing a plan");
-        return;
-      }
-      t->plan = plan;
-      t->reused = true;
+      store_as_new_version(t, plan);
+      t->reused = t->plan != NULL;
       return;
     }
     cap_plan_destroy(plan);
@@ -218,15 +225,7 @@ static void find_or_compute(cap__task_t *t, const cap_profile_t *p) {
     t->planner_failed = rc;
     return;
   }
-  plan->version = t->base_version + 1;
-  rc = cap_store_plan_put(t->store, t->profile_id, t->job_id, plan, &t->bw,
-                          &t->plan_id);
-  if (rc) {
-    cap_plan_destroy(plan);
-    store_err(t, rc, "storing a plan");
-    return;
-  }
-  t->plan = plan;
+  store_as_new_version(t, plan);
 }
 
 static void work_cb(uv_work_t *req) {
