@@ -369,18 +369,30 @@ void cap__work_replan(cap__session_t *s) {
   submit(s, t);
 }
 
-/* A refine task (taking plan_in and fb): refine plan_in by the feedback,
- * or with `restore` store it as the next version as it is. */
-static void submit_refine(cap__session_t *s, cap_plan_t *plan_in,
-                          cap_feedback_t *fb, uint32_t n, bool restore) {
+/* A refine task on plan_in, which it takes, as it takes `owned` (the
+ * feedback or failed keys the caller hands over): NULL, with both freed
+ * and the session failed, when there is no memory for it (plan_in NULL: a
+ * clone that failed). */
+static cap__task_t *refine_task(cap__session_t *s, cap_plan_t *plan_in,
+                                void *owned) {
   cap__task_t *t = plan_in ? task_new(s, CAP__W_REFINE) : NULL;
   if (!t) {
     cap_plan_destroy(plan_in);
-    free(fb);
+    free(owned);
     cap__session_fail(s, CAP_ENOMEM, "out of memory");
-    return;
+    return NULL;
   }
   t->plan_in = plan_in;
+  return t;
+}
+
+/* Refine plan_in by the feedback, or with `restore` store it as the next
+ * version as it is. */
+static void submit_refine(cap__session_t *s, cap_plan_t *plan_in,
+                          cap_feedback_t *fb, uint32_t n, bool restore) {
+  cap__task_t *t = refine_task(s, plan_in, fb);
+  if (!t)
+    return;
   t->fb = fb;
   t->n_fb = n;
   t->restore = restore;
@@ -397,15 +409,9 @@ void cap__work_restore(cap__session_t *s, cap_plan_t *plan) {
 
 void cap__work_fall_back(cap__session_t *s, cap_action_key_t *failed,
                          uint32_t n) {
-  cap_plan_t *plan = cap_plan_clone(s->plan);
-  cap__task_t *t = plan ? task_new(s, CAP__W_REFINE) : NULL;
-  if (!t) {
-    cap_plan_destroy(plan);
-    free(failed);
-    cap__session_fail(s, CAP_ENOMEM, "out of memory");
+  cap__task_t *t = refine_task(s, cap_plan_clone(s->plan), failed);
+  if (!t)
     return;
-  }
-  t->plan_in = plan;
   t->failed = failed;
   t->n_failed = n;
   submit(s, t);
