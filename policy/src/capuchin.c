@@ -46,6 +46,7 @@
  * to 4x) and the search repeated while it helps. */
 #define TRIES_OPS 4000u
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
+#define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -986,6 +987,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (!rc && best->predicted_iter_ns < before)
       rc = search_repeated(best, p, cfg, tries / 2);
   }
+  /* the plan returned may come from a search with few tries for its late
+   * prefetches (bert_large keeps its planning time) */
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

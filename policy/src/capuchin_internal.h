@@ -246,6 +246,13 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* Each late prefetch of plan, the latest first, tries a few triggers
+ * around its lateness earlier and keeps the first that the simulator finds
+ * faster, no higher at its peak, and valid; at most max_sims simulations
+ * (polish.c). Returns 0 or an error. */
+int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_sims);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and
