@@ -47,6 +47,7 @@
 #define TRIES_OPS 4000u
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 #define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
+#define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -990,12 +991,15 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   /* the plan returned may come from a search with few tries for its late
    * prefetches (bert_large keeps its planning time); a kept trigger moves
    * the others' lateness: again while it helps */
-  for (uint32_t pass = 0; !rc && p->n_ops < CAP__SMALL_OPS && pass < 3;
-       pass++) {
+  for (uint32_t pass = 0;
+       !rc && p->n_ops < CAP__SMALL_OPS && pass < POLISH_PASSES; pass++) {
     int64_t before = best->predicted_iter_ns;
     rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
     if (best->predicted_iter_ns >= before)
       break;
+    /* the moved prefetches change what the search's moves see */
+    if (!rc)
+      rc = search_repeated(best, p, cfg, tries / 4);
   }
   if (rc) {
     cap_plan_destroy(best);
