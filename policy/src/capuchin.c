@@ -776,7 +776,8 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP 4u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP_LONG 2u /* ... on profiles of CAP__SMALL_OPS or more */
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
  * or not, runners[] the next best that fit, best first, NULL where none
@@ -933,7 +934,8 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
- * RUNNERS_UP (the search may take one of them further), each repeated
+ * RUNNERS_UP (RUNNERS_UP_LONG on long profiles; the search may take one
+ * of them further), each repeated
  * while it finds something, then the winning variant again without the
  * costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
@@ -971,8 +973,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = 4 * IMPROVE_TRIES;
   if (!rc)
     rc = search_repeated(best, p, cfg, tries);
+  /* the search of a runner-up is the dearest part of planning bert_large */
+  uint32_t n_runners = p->n_ops < CAP__SMALL_OPS ? RUNNERS_UP : RUNNERS_UP_LONG;
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
-    if (!rc && runners[r]) {
+    if (!rc && runners[r] && r < n_runners) {
       rc = search_repeated(runners[r], p, cfg, tries / 4);
       if (!rc) {
         keep_better(&best, runners[r], cfg->budget_bytes);
