@@ -47,6 +47,7 @@
 #define TRIES_OPS 4000u
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 #define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
+#define SUBST_SIMS 32u /* simulations of the late-swap substitution */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
@@ -995,6 +996,9 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   /* the plan returned may come from a search with few tries for its late
    * prefetches (bert_large keeps its planning time); a kept trigger moves
    * the others' lateness: again while it helps */
+  /* late swaps for evictions of tensors needed later (substitute.c) */
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = cap__substitute_late(best, p, cfg, SUBST_SIMS);
   for (uint32_t pass = 0;
        !rc && p->n_ops < CAP__SMALL_OPS && pass < POLISH_PASSES; pass++) {
     int64_t before = best->predicted_iter_ns;
@@ -1030,6 +1034,12 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = plan_at(p, &pinned, &alt);
     if (!rc)
       keep_better(&best, alt, cfg->budget_bytes);
+    /* the pinned plan may win: its late swaps may now become evictions of
+     * persistent tensors needed later (a layer's weight for its gradient) */
+    if (!rc && p->n_ops < CAP__SMALL_OPS)
+      rc = cap__substitute_late(best, p, cfg, SUBST_SIMS);
+    if (!rc && p->n_ops < CAP__SMALL_OPS)
+      rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
   }
   if (rc) {
     cap_plan_destroy(best);
