@@ -932,6 +932,15 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* Simulations the late-swap substitution may run: fewer on long
+ * profiles, as for the search's tries. */
+static uint32_t subst_sims(const cap_profile_t *p) {
+  if (p->n_ops <= PORTFOLIO_FULL_OPS)
+    return SUBST_SIMS;
+  uint32_t n = (uint32_t)((uint64_t)SUBST_SIMS * PORTFOLIO_FULL_OPS / p->n_ops);
+  return n ? n : 1;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
@@ -996,9 +1005,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   /* the plan returned may come from a search with few tries for its late
    * prefetches (bert_large keeps its planning time); a kept trigger moves
    * the others' lateness: again while it helps */
-  /* late swaps for evictions of tensors needed later (substitute.c) */
-  if (!rc && p->n_ops < CAP__SMALL_OPS)
-    rc = cap__substitute_late(best, p, cfg, SUBST_SIMS);
+  /* late swaps for evictions of tensors needed later (substitute.c):
+   * cheap, so on every profile (bert_large's optimizer stalls) */
+  if (!rc)
+    rc = cap__substitute_late(best, p, cfg, subst_sims(p));
   for (uint32_t pass = 0;
        !rc && p->n_ops < CAP__SMALL_OPS && pass < POLISH_PASSES; pass++) {
     int64_t before = best->predicted_iter_ns;
@@ -1036,8 +1046,8 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
       keep_better(&best, alt, cfg->budget_bytes);
     /* the pinned plan may win: its late swaps may now become evictions of
      * persistent tensors needed later (a layer's weight for its gradient) */
-    if (!rc && p->n_ops < CAP__SMALL_OPS)
-      rc = cap__substitute_late(best, p, cfg, SUBST_SIMS);
+    if (!rc)
+      rc = cap__substitute_late(best, p, cfg, subst_sims(p));
     if (!rc && p->n_ops < CAP__SMALL_OPS)
       rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
   }
