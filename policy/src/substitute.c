@@ -53,7 +53,7 @@ static bool evicted_at(const cap_plan_t *plan, uint32_t y, uint32_t k) {
  * op out, back at op back), the latest back-access first. */
 static uint32_t find_partners(const cap_plan_t *plan, const cap_profile_t *p,
                               const cap_plan_config_t *cfg, uint32_t x,
-                              uint32_t out, uint32_t back,
+                              uint32_t out, uint32_t back, bool later,
                               partner_t best[SUBST_PARTNERS]) {
   uint32_t n = 0;
   uint64_t bytes = p->tensors[x].bytes;
@@ -65,7 +65,9 @@ static uint32_t find_partners(const cap_plan_t *plan, const cap_profile_t *p,
     for (uint32_t k = 1; k < t->n_accesses; k++) {
       uint32_t a = p->access_ops[t->access_off + k - 1];
       uint32_t b = p->access_ops[t->access_off + k];
-      if (a > out || b <= back)
+      /* later: y leaves after x would (x then stays until y leaves),
+       * but still before x's back-access */
+      if (b <= back || (later ? a <= out || a + 1 >= back : a > out))
         continue;
       if (evicted_at(plan, y, k))
         break;
@@ -90,8 +92,9 @@ static uint32_t find_partners(const cap_plan_t *plan, const cap_profile_t *p,
   return n;
 }
 
-int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
-                         const cap_plan_config_t *cfg, uint32_t max_sims) {
+static int substitute(cap_plan_t *plan, const cap_profile_t *p,
+                      const cap_plan_config_t *cfg, bool later,
+                      uint32_t max_sims) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes || !plan->n_actions)
     return 0;
   uint64_t limit = plan->predicted_peak_bytes;
@@ -122,7 +125,7 @@ int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
     if (out == CAP_NONE || back == CAP_NONE)
       continue;
     partner_t pt[SUBST_PARTNERS];
-    uint32_t np = find_partners(plan, p, cfg, x, out, back, pt);
+    uint32_t np = find_partners(plan, p, cfg, x, out, back, later, pt);
     /* each partner with its prefetch just in time on idle engines, then
      * issued at the op before its back-access (the copy queued behind the
      * others late there, which still gains the time to that op) */
@@ -169,4 +172,13 @@ int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
   }
   free(l);
   return rc;
+}
+
+/* First partners off the device over the late swap's whole time off; then,
+ * on what is still late, partners that leave after it would have (the
+ * swap's tensor stays until then): the simulator weighs the memory. */
+int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_sims) {
+  int rc = substitute(plan, p, cfg, false, max_sims);
+  return rc ? rc : substitute(plan, p, cfg, true, max_sims);
 }
