@@ -12,9 +12,10 @@
  * swap X, the latest first: a tensor Y at least as large, resident across
  * X's whole time off the device in one of its access gaps that ends after
  * X's back-access, not evicted there yet, is swapped in that gap instead
- * of X (the prefetch just in time on idle engines, or on demand), the plan
- * made explicit and simulated; kept when faster, no higher at its peak,
- * and valid.
+ * of X (the prefetch just in time on idle engines, or issued at the op
+ * before its back-access), the plan made explicit and simulated; kept when
+ * faster, no higher at its peak, and valid. A second pass on what is still
+ * late also takes a Y that leaves the device after X's eviction.
  */
 #include <stdlib.h>
 
