@@ -46,6 +46,9 @@
  * to 4x) and the search repeated while it helps. */
 #define TRIES_OPS 4000u
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
+#define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
+#define SUBST_SIMS 32u /* simulations of the late-swap substitution */
+#define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -774,7 +777,8 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
   return 0;
 }
 
-#define RUNNERS_UP 2u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP 4u /* portfolio plans after the best that are searched */
+#define RUNNERS_UP_LONG 2u /* ... on profiles of CAP__SMALL_OPS or more */
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
  * or not, runners[] the next best that fit, best first, NULL where none
@@ -928,10 +932,20 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* Simulations the late-swap substitution may run: fewer on long
+ * profiles, as for the search's tries. */
+static uint32_t subst_sims(const cap_profile_t *p) {
+  if (p->n_ops <= PORTFOLIO_FULL_OPS)
+    return SUBST_SIMS;
+  uint32_t n = (uint32_t)((uint64_t)SUBST_SIMS * PORTFOLIO_FULL_OPS / p->n_ops);
+  return n ? n : 1;
+}
+
 /* The whole planner at one configuration: the portfolio, Belady's plan
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
- * RUNNERS_UP (the search may take one of them further), each repeated
+ * RUNNERS_UP (RUNNERS_UP_LONG on long profiles; the search may take one
+ * of them further), each repeated
  * while it finds something, then the winning variant again without the
  * costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
@@ -969,8 +983,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     tries = 4 * IMPROVE_TRIES;
   if (!rc)
     rc = search_repeated(best, p, cfg, tries);
+  /* the search of a runner-up is the dearest part of planning bert_large */
+  uint32_t n_runners = p->n_ops < CAP__SMALL_OPS ? RUNNERS_UP : RUNNERS_UP_LONG;
   for (uint32_t r = 0; r < RUNNERS_UP; r++) {
-    if (!rc && runners[r]) {
+    if (!rc && runners[r] && r < n_runners) {
       rc = search_repeated(runners[r], p, cfg, tries / 4);
       if (!rc) {
         keep_better(&best, runners[r], cfg->budget_bytes);
@@ -985,6 +1001,23 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     /* a plan found again has not been searched yet */
     if (!rc && best->predicted_iter_ns < before)
       rc = search_repeated(best, p, cfg, tries / 2);
+  }
+  /* the plan returned may come from a search with few tries for its late
+   * prefetches (bert_large keeps its planning time); a kept trigger moves
+   * the others' lateness: again while it helps */
+  /* late swaps for evictions of tensors needed later (substitute.c):
+   * cheap, so on every profile (bert_large's optimizer stalls) */
+  if (!rc)
+    rc = cap__substitute_late(best, p, cfg, subst_sims(p));
+  for (uint32_t pass = 0;
+       !rc && p->n_ops < CAP__SMALL_OPS && pass < POLISH_PASSES; pass++) {
+    int64_t before = best->predicted_iter_ns;
+    rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
+    if (best->predicted_iter_ns >= before)
+      break;
+    /* the moved prefetches change what the search's moves see */
+    if (!rc)
+      rc = search_repeated(best, p, cfg, tries / 4);
   }
   if (rc) {
     cap_plan_destroy(best);
@@ -1011,6 +1044,12 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
     rc = plan_at(p, &pinned, &alt);
     if (!rc)
       keep_better(&best, alt, cfg->budget_bytes);
+    /* the pinned plan may win: its late swaps may now become evictions of
+     * persistent tensors needed later (a layer's weight for its gradient) */
+    if (!rc)
+      rc = cap__substitute_late(best, p, cfg, subst_sims(p));
+    if (!rc && p->n_ops < CAP__SMALL_OPS)
+      rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
   }
   if (rc) {
     cap_plan_destroy(best);

@@ -246,6 +246,21 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* Each late prefetch of plan, the latest first, tries a few triggers
+ * around its lateness earlier and keeps the first that the simulator finds
+ * faster, no higher at its peak, and valid; at most max_sims simulations
+ * (polish.c). Returns 0 or an error. */
+int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_sims);
+
+/* Each late swap of plan, the latest first, tries the eviction of a
+ * tensor at least as large, resident across its time off the device (a
+ * second pass: from a later op on) and next needed later, in its place; keeps the first the simulator finds
+ * faster, no higher at its peak, and valid; at most max_sims simulations
+ * (substitute.c). Returns 0 or an error. */
+int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, uint32_t max_sims);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and

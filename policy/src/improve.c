@@ -345,17 +345,28 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   }
   qsort(cands, n, sizeof *cands, cmp_cand);
   for (uint32_t i = 0; i < n && i < max_tries && !rc; i++) {
-    cap_plan_t *next;
-    rc = try_change(plan, p, cfg, &cands[i], how, &next);
-    if (rc || !next)
-      continue;
-    if (keep(next, plan, p, limit)) {
-      /* swap the contents: the caller's pointer stays valid */
-      cap_plan_t tmp = *plan;
-      *plan = *next;
-      *next = tmp;
+    /* A prefetch started its whole lateness earlier may start inside an
+     * op with no room for it (vgg16's 392 MiB gradient during the first
+     * convolution's backward): then try half and a quarter of it, a
+     * trigger after that op, which hides part of the copy. */
+    cand_t cd = cands[i];
+    for (uint32_t part = 0; part < (how == EARLIER ? 3u : 1u) && !rc;
+         part++, cd.cost_ns /= 2) {
+      cap_plan_t *next;
+      rc = try_change(plan, p, cfg, &cd, how, &next);
+      if (rc || !next)
+        continue;
+      bool kept = keep(next, plan, p, limit);
+      if (kept) {
+        /* swap the contents: the caller's pointer stays valid */
+        cap_plan_t tmp = *plan;
+        *plan = *next;
+        *next = tmp;
+      }
+      cap_plan_destroy(next);
+      if (kept)
+        break;
     }
-    cap_plan_destroy(next);
   }
   free(cands);
   free(late);
