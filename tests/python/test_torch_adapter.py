@@ -38,12 +38,15 @@ ITERS = 7
 # swap. The planner's choice depends on the step's time times the
 # bandwidth (the same profile with its times doubled plans as at half the
 # bandwidth), so the bandwidth sets how slow a measured step may be: at
-# 0.05 GB/s the transformer's plans swapped only in 11 of 40 runs; the
-# CNN's at 30 % (and 50 %) did after measured steps from about 0.25 s
-# (steps of 0.3 s and more: 2 of 174 runs on a loaded 2-core machine,
-# whose measured steps took 28 ms to 1.06 s), at 0.002 GB/s from about
-# 5 s (README).
-SIM_GBPS = {"mlp": 0.5, "cnn": 0.002, "transformer": 0.02}
+# 0.05 GB/s the transformer's plans swapped only in 11 of 40 runs, and
+# the CNN's in 2 of 174 (issue 14: its 30 % plans swap only from measured
+# steps of 0.26 s on, its 50 % plans from less; the median step takes
+# 0.12 s on the loaded 2-core development machine). At 0.02 GB/s the
+# transformer's swap only from steps of 0.63 s on (its steps take 0.14 to
+# 0.31 s there). At 0.002 GB/s the CNN's 30 % plans swap only from 5.4 s
+# on, its 50 % plans from 4.2 s; the transformer's from 6.4 and 4.5 s
+# (README). The test fails only if every budget's plans swap only.
+SIM_GBPS = {"mlp": 0.5, "cnn": 0.002, "transformer": 0.002}
 # A guided iteration's tracked peak keeps to the budget, the MLP's at 30 %
 # too: train_step reads the gradients through .numpy(), so their storages
 # cannot be given up; the adapter marks them (set_evictable false) before
@@ -141,7 +144,7 @@ def scenario_budgets(model_name):
     check("%s: swaps happened (%d bytes out)" % (model_name, swaps), swaps > 0)
     if model_name != "mlp":  # an MLP's plans only swap (see README)
         check("%s: recomputes happened (%d ops; measured steps %s ms at %g GB/s)" % (
-            model_name, recomputes, "/".join(measured_ms), SIM_GBPS[model_name]),
+            model_name, recomputes, "/".join(measured_ms), mgr.sim_gbps),
             recomputes > 0)
 
 
