@@ -125,6 +125,9 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->tensor_type);
   Py_CLEAR(self->slow_funcs);
   Py_CLEAR(self->func_names);
+  Py_CLEAR(self->gone);
+  Py_CLEAR(self->strided);
+  self->fast_adopt = 0;
 }
 
 /* The op's ids are in self->ids (inputs) and self->ids + MAX_IDS (outputs).
@@ -196,6 +199,12 @@ static long cached_id(ClientObject *self, PyObject *t) {
   if (!dp || !*dp)
     return -1;
   PyObject *st = PyDict_GetItemWithError(*dp, s_cap_st);
+  if (st && cap_py_storages_is_ref(st)) { /* a storage of the C table */
+    Py_INCREF(st); /* (data_ptr() may run code that replaces it) */
+    long id = cap_py_storages_cached(st, t);
+    Py_DECREF(st);
+    return id;
+  }
   PyObject *cached_ptr = st ? PyDict_GetItemWithError(*dp, s_cap_dp) : NULL;
   if (!cached_ptr)
     goto miss;
@@ -271,6 +280,13 @@ fail:
 static int out_ids(ClientObject *self, PyObject *o, uint32_t *n, int depth) {
   if (PyObject_TypeCheck(o, (PyTypeObject *)self->tensor_type)) {
     long id = cached_id(self, o);
+    if (id < 0 && self->fast_adopt) {
+      id = cap_py_storages_id_of(self, o);
+      if (id == CAP_PY_ST_ERROR)
+        return -1;
+      if (id == CAP_PY_ST_UNMANAGED)
+        return 0;
+    }
     if (id < 0) {
       PyObject *v = PyObject_CallOneArg(self->id_of, o);
       if (!v)
@@ -393,6 +409,10 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   PyObject *func = a[0];
   PyObject *args = nargs > 2 ? a[2] : NULL;
   PyObject *kwargs = nargs > 3 ? a[3] : NULL;
+  /* The frees of the storages this path adopted (never the Python path's
+   * business) first, as any free is reported before the next op. */
+  if (self->on)
+    cap_py_storages_report_dead(self);
   /* Frees from the ops before (most ops free something) are reported
    * first, as the Python path would, and the op stays on this path. If
    * the client refuses one, the step stops reporting and the op runs
@@ -443,14 +463,17 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
 }
 
 /* set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up,
- * tensor_type, slow_funcs): what dispatch needs of the adapter (see
- * client_object.h). */
+ * tensor_type, slow_funcs, gone, strided, fast_adopt): what dispatch needs
+ * of the adapter (see client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *slow, *id_of, *stop, *by_ptr, *watch, *flush, *give_up, *tt, *sf;
-  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!", &slow, &id_of, &stop,
+  PyObject *gone, *strided;
+  int fast_adopt;
+  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!O!Op", &slow, &id_of, &stop,
                         &PyDict_Type, &by_ptr, &PyTuple_Type, &watch, &flush,
                         &PyList_Type, &give_up, &PyType_Type, &tt,
-                        &PyFrozenSet_Type, &sf))
+                        &PyFrozenSet_Type, &sf, &PyDict_Type, &gone, &strided,
+                        &fast_adopt))
     return NULL;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
     if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
@@ -463,12 +486,13 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
                     "slow, id_of, stop and flush must be callables");
     return NULL;
   }
-  if (intern_strings() < 0)
+  if (intern_strings() < 0 || cap_py_storages_set_torch(tt) < 0)
     return NULL;
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, flush, give_up, tt, sf};
+  PyObject *objs[] = {slow, id_of, stop,    by_ptr, watch,  flush,
+                      give_up, tt, sf, gone, strided};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
@@ -481,6 +505,9 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   Py_XSETREF(self->tensor_type, tt);
   Py_XSETREF(self->slow_funcs, sf);
   Py_XSETREF(self->func_names, names);
+  Py_XSETREF(self->gone, gone);
+  Py_XSETREF(self->strided, strided);
+  self->fast_adopt = fast_adopt;
   Py_RETURN_NONE;
 }
 
@@ -500,7 +527,7 @@ PyMethodDef cap_py_op_path_methods[] = {
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
      "set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up, "
-     "tensor_type, slow_funcs)"},
+     "tensor_type, slow_funcs, gone, strided, fast_adopt)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},
