@@ -3,18 +3,22 @@
  * TorchDispatchMode handler itself, so that an ordinary op costs one C
  * call: the ids of its tensors from what the adapter cached on each tensor
  * object, the op run and timed, its report (op_run), and the check that a
- * guided iteration still follows the plan's op sequence. Whatever is not
- * ordinary (a storage seen for the first time, frees to report, nested or
- * keyword tensor arguments, an op the plan may replay, the adapter's own
- * ops) goes to the adapter's Python path, slow(func, args, kwargs), which
- * reports through Client.op: the sequence check and the report are here
- * only, for both.
+ * guided iteration still follows the plan's op sequence. A new output
+ * storage is adopted here and its free reported here (storages.c); frees
+ * and work of the Python side due before the op are done by its flush,
+ * and the op stays here. Whatever is not ordinary (an input seen for the
+ * first time, nested or keyword tensor arguments, an op the plan may
+ * replay, the adapter's own ops) goes to the adapter's Python path,
+ * slow(func, args, kwargs), which reports through Client.op: the sequence
+ * check and the report are here only, for both.
  *
- * The cache on a tensor object (python/capuchin/_tensors.py, _track):
- * _cap_st, the Storage record of its storage, and _cap_dp, its data_ptr()
- * then. It is used only while the tensor's data_ptr() is still that and
- * the storage table still maps the record's address to it; the record's
- * ident holds the id.
+ * The cache on a tensor object, _cap_st in its __dict__, is one of two
+ * things. A StorageRef of storages.c (a storage this path adopted): it
+ * holds while its record does and the tensor's data_ptr() is the one it
+ * noted. Or a Storage record of the Python side (python/capuchin/
+ * _tensors.py, _track), with _cap_dp, the tensor's data_ptr() then: used
+ * only while the data_ptr() is still that and the Python side's table
+ * still maps the record's address to it; the record's ident holds the id.
  */
 #include "client_object.h" /* Python.h first, as CPython requires */
 
