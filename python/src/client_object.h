@@ -107,10 +107,8 @@ void cap_py_op_path_clear(ClientObject *self);
 extern PyMethodDef cap_py_storages_methods[];
 int cap_py_storages_ready(void);
 int cap_py_storages_set_torch(PyObject *tensor_type);
-/* o (a tensor object's _cap_st) is one of the table's references. */
-bool cap_py_storages_is_ref(PyObject *o);
-/* The id a reference caches for tensor t, -1 when it no longer holds. */
-long cap_py_storages_cached(PyObject *ref, PyObject *t);
+/* The id the table caches on tensor object t, -1: none that holds. */
+long cap_py_storages_cached(PyObject *t);
 /* t's id, adopting its storage if it is new: an id, or one of these. */
 #define CAP_PY_ST_ERROR (-1)     /* an exception is set */
 #define CAP_PY_ST_UNMANAGED (-2) /* not a strided storage */

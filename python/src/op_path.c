@@ -12,13 +12,14 @@
  * slow(func, args, kwargs), which reports through Client.op: the sequence
  * check and the report are here only, for both.
  *
- * The cache on a tensor object, _cap_st in its __dict__, is one of two
- * things. A StorageRef of storages.c (a storage this path adopted): it
+ * The cache on a tensor object is one of two things. A StorageRef of
+ * storages.c (a storage this path adopted) on its weak reference list: it
  * holds while its record does and the tensor's data_ptr() is the one it
- * noted. Or a Storage record of the Python side (python/capuchin/
- * _tensors.py, _track), with _cap_dp, the tensor's data_ptr() then: used
- * only while the data_ptr() is still that and the Python side's table
- * still maps the record's address to it; the record's ident holds the id.
+ * noted. Or, in its __dict__, _cap_st, a Storage record of the Python
+ * side (python/capuchin/_tensors.py, _track), with _cap_dp, the tensor's
+ * data_ptr() then: used only while the data_ptr() is still that and the
+ * Python side's table still maps the record's address to it; the
+ * record's ident holds the id.
  */
 #include "client_object.h" /* Python.h first, as CPython requires */
 
@@ -199,16 +200,13 @@ static int64_t now_ns(void) {
 /* The id cached on tensor t, or -1 when there is none that still holds
  * (the Python path then looks the storage up by address). */
 static long cached_id(ClientObject *self, PyObject *t) {
+  long cid = cap_py_storages_cached(t); /* a storage of the C table */
+  if (cid >= 0)
+    return cid;
   PyObject **dp = _PyObject_GetDictPtr(t);
   if (!dp || !*dp)
     return -1;
   PyObject *st = PyDict_GetItemWithError(*dp, s_cap_st);
-  if (st && cap_py_storages_is_ref(st)) { /* a storage of the C table */
-    Py_INCREF(st); /* (data_ptr() may run code that replaces it) */
-    long id = cap_py_storages_cached(st, t);
-    Py_DECREF(st);
-    return id;
-  }
   PyObject *cached_ptr = st ? PyDict_GetItemWithError(*dp, s_cap_dp) : NULL;
   if (!cached_ptr)
     goto miss;

@@ -7,9 +7,11 @@
  *
  * A storage here is a C record (stor_t) in a table keyed by its address.
  * Each tracked tensor object on it has one StorageRef, a weak reference (a
- * C subclass of weakref.ref) that the record owns, and that the tensor
- * object's __dict__ holds as its cache (_cap_st), with the data_ptr() it
- * had. When a tensor object dies the reference's callback (C) unlinks it;
+ * C subclass of weakref.ref) that the record owns. It is the tensor
+ * object's cache too, found on the object's list of weak references, with
+ * the data_ptr() the object had (no __dict__ to make and look in: that
+ * was a fifth of the cost of a new storage). When a tensor object dies
+ * the reference's callback (C) unlinks it;
  * when the last one goes the record leaves the table (its address may be
  * reused) and its id joins the dead list, reported to the client at the
  * next op boundary (the callback may run inside a client callback, where
@@ -64,7 +66,7 @@ static PyTypeObject StorageRefType = {
 };
 
 static PyObject *on_dead; /* the references' callback */
-static PyObject *s_cap_st, *s_data_ptr, *s_storage_offset, *s_element_size,
+static PyObject *s_data_ptr, *s_storage_offset, *s_element_size,
     *s_layout, *s_nbytes, *s_storage;
 
 /* --- the table: open addressing on the storage's address ------------------ */
@@ -222,14 +224,13 @@ int cap_py_storages_ready(void) {
   StorageRefType.tp_base = &_PyWeakref_RefType;
   if (PyType_Ready(&StorageRefType) < 0)
     return -1;
-  s_cap_st = PyUnicode_InternFromString("_cap_st");
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
   s_storage_offset = PyUnicode_InternFromString("storage_offset");
   s_element_size = PyUnicode_InternFromString("element_size");
   s_layout = PyUnicode_InternFromString("layout");
   s_nbytes = PyUnicode_InternFromString("nbytes");
   on_dead = PyCFunction_New(&on_dead_def, NULL);
-  return s_cap_st && s_data_ptr && s_storage_offset && s_element_size &&
+  return s_data_ptr && s_storage_offset && s_element_size &&
                  s_layout && s_nbytes && on_dead
              ? 0
              : -1;
@@ -268,13 +269,24 @@ static uint64_t call_u64(PyObject *t, PyObject *name, int *ok) {
   return x;
 }
 
-bool cap_py_storages_is_ref(PyObject *o) {
-  return Py_TYPE(o) == &StorageRefType;
+/* The first of the table's references on t's weak reference list that is
+ * on a record and noted data_ptr (any, for dp == 0), or NULL. Runs no
+ * Python code. */
+static storage_ref_t *ref_on(PyObject *t, uint64_t dp) {
+  Py_ssize_t off = Py_TYPE(t)->tp_weaklistoffset;
+  if (off <= 0)
+    return NULL;
+  PyWeakReference *w = *(PyWeakReference **)((char *)t + off);
+  for (; w; w = w->wr_next) {
+    storage_ref_t *r = (storage_ref_t *)w;
+    if (Py_TYPE(w) == &StorageRefType && r->rec && (!dp || r->data_ptr == dp))
+      return r;
+  }
+  return NULL;
 }
 
-long cap_py_storages_cached(PyObject *ref, PyObject *t) {
-  storage_ref_t *r = (storage_ref_t *)ref;
-  if (!r->rec)
+long cap_py_storages_cached(PyObject *t) {
+  if (!ref_on(t, 0))
     return -1;
   int ok = 1;
   uint64_t dp = call_u64(t, s_data_ptr, &ok);
@@ -282,8 +294,9 @@ long cap_py_storages_cached(PyObject *ref, PyObject *t) {
     PyErr_Clear();
     return -1;
   }
-  /* (r->rec again: data_ptr() may have run the collector) */
-  return r->rec && dp == r->data_ptr ? (long)r->rec->id : -1;
+  /* (the list again after a call: see "Lifetimes") */
+  storage_ref_t *r = dp ? ref_on(t, dp) : NULL;
+  return r ? (long)r->rec->id : -1;
 }
 
 /* The bytes of t's storage (a Python call). */
@@ -298,6 +311,8 @@ static int storage_nbytes(PyObject *t, uint64_t *nbytes) {
 }
 
 long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
+  if (Py_TYPE(t)->tp_weaklistoffset <= 0) /* no list to cache in */
+    return CAP_PY_ST_PYTHON;
   int ok = 1;
   uint64_t dp = call_u64(t, s_data_ptr, &ok);
   uint64_t off = ok ? call_u64(t, s_storage_offset, &ok) : 0;
@@ -332,15 +347,13 @@ long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
     if (!strided)
       return CAP_PY_ST_UNMANAGED;
   }
-  /* The reference and the cache first, as both may run the collector. */
+  /* The reference first, as making it may run the collector. */
   PyObject *args[2] = {t, on_dead};
   PyObject *ref = PyObject_Vectorcall((PyObject *)&StorageRefType, args, 2,
                                       NULL);
   if (!ref)
     return CAP_PY_ST_ERROR;
   storage_ref_t *r = (storage_ref_t *)ref;
-  if (PyObject_SetAttr(t, s_cap_st, ref) < 0)
-    PyErr_Clear(); /* only a cache: each op then looks it up again */
   long id = CAP_PY_ST_ERROR;
   uint64_t nbytes = 0;
   int sized = 0;
