@@ -197,12 +197,9 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The id cached on tensor t, or -1 when there is none that still holds
- * (the Python path then looks the storage up by address). */
-static long cached_id(ClientObject *self, PyObject *t) {
-  long cid = cap_py_storages_cached(t); /* a storage of the C table */
-  if (cid >= 0)
-    return cid;
+/* The id the Python side's record cached on tensor t, or -1 when there is
+ * none that still holds. */
+static long py_cached_id(ClientObject *self, PyObject *t) {
   PyObject **dp = _PyObject_GetDictPtr(t);
   if (!dp || !*dp)
     return -1;
@@ -234,6 +231,14 @@ static long cached_id(ClientObject *self, PyObject *t) {
 miss:
   PyErr_Clear();
   return -1;
+}
+
+/* The Python side's record first: a tensor object it tracks may carry
+ * many weak references (one per time it was tracked again), which the C
+ * table's look-up walks. */
+static long cached_id(ClientObject *self, PyObject *t) {
+  long id = py_cached_id(self, t);
+  return id >= 0 ? id : cap_py_storages_cached(t);
 }
 
 static int add_unique(uint32_t *ids, uint32_t *n, uint32_t id) {
