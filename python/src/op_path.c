@@ -498,8 +498,8 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow, id_of, stop,    by_ptr, watch,  flush,
-                      give_up, tt, sf, gone, strided};
+  PyObject *objs[] = {slow,    id_of, stop, by_ptr, watch,  flush,
+                      give_up, tt,    sf,   gone,   strided};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);

@@ -45,15 +45,15 @@ typedef struct storage_ref storage_ref_t;
 struct cap_py_stor {
   uint64_t base, nbytes;
   uint32_t id;
-  uint32_t nobj;         /* StorageRefs on refs */
-  storage_ref_t *refs;   /* owned references */
+  uint32_t nobj;       /* StorageRefs on refs */
+  storage_ref_t *refs; /* owned references */
   cap_py_storages_t *tab;
 };
 
 struct storage_ref {
   PyWeakReference wr;
-  cap_py_stor_t *rec;   /* NULL when on no record's list */
-  uint64_t data_ptr;    /* the tensor's data_ptr() when it was tracked */
+  cap_py_stor_t *rec; /* NULL when on no record's list */
+  uint64_t data_ptr;  /* the tensor's data_ptr() when it was tracked */
   storage_ref_t *prev, *next;
 };
 
@@ -66,8 +66,8 @@ static PyTypeObject StorageRefType = {
 };
 
 static PyObject *on_dead; /* the references' callback */
-static PyObject *s_data_ptr, *s_storage_offset, *s_element_size,
-    *s_layout, *s_nbytes, *s_storage;
+static PyObject *s_data_ptr, *s_storage_offset, *s_element_size, *s_layout,
+    *s_nbytes, *s_storage;
 
 /* --- the table: open addressing on the storage's address ------------------ */
 
@@ -149,7 +149,7 @@ static int add_dead(cap_py_storages_t *tab, uint32_t id) {
   return 0;
 }
 
-/* --- references ------------------------------------------------------------- */
+/* --- references --------------------------------------------------------- */
 
 static void link_ref(cap_py_stor_t *s, storage_ref_t *r, uint64_t data_ptr) {
   Py_INCREF(r); /* the record's */
@@ -230,8 +230,8 @@ int cap_py_storages_ready(void) {
   s_layout = PyUnicode_InternFromString("layout");
   s_nbytes = PyUnicode_InternFromString("nbytes");
   on_dead = PyCFunction_New(&on_dead_def, NULL);
-  return s_data_ptr && s_storage_offset && s_element_size &&
-                 s_layout && s_nbytes && on_dead
+  return s_data_ptr && s_storage_offset && s_element_size && s_layout &&
+                 s_nbytes && on_dead
              ? 0
              : -1;
 }
@@ -349,8 +349,8 @@ long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
   }
   /* The reference first, as making it may run the collector. */
   PyObject *args[2] = {t, on_dead};
-  PyObject *ref = PyObject_Vectorcall((PyObject *)&StorageRefType, args, 2,
-                                      NULL);
+  PyObject *ref =
+      PyObject_Vectorcall((PyObject *)&StorageRefType, args, 2, NULL);
   if (!ref)
     return CAP_PY_ST_ERROR;
   storage_ref_t *r = (storage_ref_t *)ref;
@@ -480,7 +480,7 @@ void cap_py_storages_clear(ClientObject *self) {
   memset(tab, 0, sizeof *tab);
 }
 
-/* --- methods ---------------------------------------------------------------- */
+/* --- methods ------------------------------------------------------------ */
 
 /* take_storage(address) -> (id, nbytes, tensors) or None: the Python side
  * takes the storage at address over, with the live tensor objects on it. */
