@@ -12,6 +12,13 @@ the tensor was freed. Frees are queued and reported between ops: they are
 noticed by garbage collection, which may run inside a client callback, and
 the client must not be re-entered from there.
 
+In a reported step most transient storages never come here: the client's
+per-op path adopts a new output storage and reports its free itself
+(python/src/storages.c). This table takes such a storage over (take), with
+the tensor objects on it, the first time it looks one up (a saved tensor,
+a recompute's input, an op on the Python path); an address is in one of
+the two tables at most.
+
 Weights and optimizer state (persistent storages) that a plan evicts give
 their memory up: the storage is resized to 0 bytes, the tensor objects on
 it stay, and it is found by the storage object itself (gone) until it is
