@@ -141,6 +141,10 @@ if TorchDispatchMode is not None:
 class Manager:
     """One training job under Capuchin. See the module's docstring."""
 
+    # False: every new storage is adopted through the Python path, as
+    # before storages.c (tests/python/test_torch_profiles.py compares).
+    _c_storages = True
+
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
                  host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0,
@@ -641,7 +645,7 @@ class Manager:
                                 (t.pending_frees, t.give_up, self._saved.graveyard),
                                 self._flush_frees, t.give_up, torch.Tensor,
                                 frozenset([_DETACH]), t.gone, torch.strided,
-                                self.device is not None)
+                                self.device is not None and self._c_storages)
         t.take = self._take_storage
 
     def _take_storage(self, ptr):
