@@ -421,36 +421,32 @@ void cap_py_storages_report_dead(ClientObject *self) {
   free(d);
 }
 
-/* Every record out of the table, into a malloc'd array (NULL when empty). */
-static cap_py_stor_t **take_all(cap_py_storages_t *tab, uint32_t *n) {
+/* Every record out of the table and let go of (no Python code runs while
+ * the table is walked): their ids, malloc'd, in *ids (NULL when there are
+ * none, or no memory for them: those frees are lost, and counted). */
+static uint32_t *release_all(cap_py_storages_t *tab, uint32_t *n) {
   *n = 0;
-  if (!tab->n)
-    return NULL;
-  cap_py_stor_t **all = malloc(tab->n * sizeof *all);
-  if (!all)
-    return NULL;
-  for (uint32_t i = 0; i < tab->cap; i++)
-    if (tab->slots[i])
-      all[(*n)++] = tab->slots[i];
-  memset(tab->slots, 0, tab->cap * sizeof *tab->slots);
+  uint32_t *ids = tab->n ? malloc(tab->n * sizeof *ids) : NULL;
+  if (tab->n && !ids)
+    tab->lost_frees += tab->n;
+  for (uint32_t i = 0; i < tab->cap; i++) {
+    cap_py_stor_t *s = tab->slots[i];
+    if (!s)
+      continue;
+    tab->slots[i] = NULL;
+    if (ids)
+      ids[(*n)++] = s->id;
+    release_rec(s);
+  }
   tab->n = 0;
-  return all;
+  return ids;
 }
 
 void cap_py_storages_disown(ClientObject *self) {
   cap_py_storages_report_dead(self);
   uint32_t n;
-  cap_py_stor_t **all = take_all(&self->storages, &n);
-  if (!all)
-    return;
-  uint32_t *ids = malloc(n * sizeof *ids);
-  for (uint32_t i = 0; i < n; i++) {
-    if (ids)
-      ids[i] = all[i]->id;
-    release_rec(all[i]);
-  }
-  free(all);
-  for (uint32_t i = 0; ids && self->c && i < n; i++) {
+  uint32_t *ids = release_all(&self->storages, &n);
+  for (uint32_t i = 0; self->c && i < n; i++) {
     (void)cap_client_free(self->c, ids[i]);
     if (PyErr_Occurred())
       PyErr_Clear();
@@ -461,20 +457,7 @@ void cap_py_storages_disown(ClientObject *self) {
 void cap_py_storages_clear(ClientObject *self) {
   cap_py_storages_t *tab = &self->storages;
   uint32_t n;
-  cap_py_stor_t **all = take_all(tab, &n);
-  for (uint32_t i = 0; i < n; i++)
-    release_rec(all[i]);
-  free(all);
-  if (tab->n) { /* take_all could not allocate: one at a time */
-    for (uint32_t i = 0; i < tab->cap; i++) {
-      cap_py_stor_t *s = tab->slots[i];
-      if (s) {
-        tab->slots[i] = NULL;
-        release_rec(s);
-      }
-    }
-    tab->n = 0;
-  }
+  free(release_all(tab, &n));
   free(tab->slots);
   free(tab->dead);
   memset(tab, 0, sizeof *tab);
