@@ -12,6 +12,13 @@ the tensor was freed. Frees are queued and reported between ops: they are
 noticed by garbage collection, which may run inside a client callback, and
 the client must not be re-entered from there.
 
+In a reported step most transient storages never come here: the client's
+per-op path adopts a new output storage and reports its free itself
+(python/src/storages.c). This table takes such a storage over (take), with
+the tensor objects on it, the first time it looks one up (a saved tensor,
+a recompute's input, an op on the Python path); an address is in one of
+the two tables at most.
+
 Weights and optimizer state (persistent storages) that a plan evicts give
 their memory up: the storage is resized to 0 bytes, the tensor objects on
 it stay, and it is found by the storage object itself (gone) until it is
@@ -75,11 +82,18 @@ class Tensors:
         self.pending_frees = []  # ids whose last reference went
         self.on_free = on_free   # on_free(ident): forget adapter state of it
         self._refs = {}          # id -> _Ref of each tracked object alive
+        # take(address) -> (Ident, tensor objects) or None: a storage the
+        # client's per-op path adopted itself (python/src/storages.c)
+        # becomes this table's; None: no client.
+        self.take = None
 
     def lookup(self, t):
         dp = t.data_ptr()
         off = t.storage_offset()
-        st = self.by_ptr.get(dp - off * t.element_size() if off else dp)
+        ptr = dp - off * t.element_size() if off else dp
+        st = self.by_ptr.get(ptr)
+        if st is None and self.take is not None:
+            st = self._take_over(ptr)
         if st is None and self.gone:
             st = self.gone.get(storage_key(t))
         if st is not None:
@@ -88,6 +102,20 @@ class Tensors:
                 self._track(t, st)
             elif d.get("_cap_dp") != dp:
                 t._cap_dp = dp  # a new offset on the same storage
+        return st
+
+    def _take_over(self, ptr):
+        """The storage at ptr, if the per-op path holds it: taken over,
+        with the tensor objects on it, else None."""
+        got = self.take(ptr)
+        if got is None:
+            return None
+        ident, objs = got
+        st = Storage(ptr, ident)
+        self.by_ptr[ptr] = st
+        ident.storages.append(st)
+        for o in objs:
+            self._track(o, st)
         return st
 
     def _track(self, t, st):
@@ -210,6 +238,8 @@ class Tensors:
     def tensor_at(self, ptr):
         """A live tensor object on the storage at ptr, or None."""
         st = self.by_ptr.get(ptr)
+        if st is None and self.take is not None:
+            st = self._take_over(ptr)
         if st is None:
             return None
         if st.buf is not None:

@@ -141,6 +141,10 @@ if TorchDispatchMode is not None:
 class Manager:
     """One training job under Capuchin. See the module's docstring."""
 
+    # False: every new storage is adopted through the Python path, as
+    # before storages.c (tests/python/test_torch_profiles.py compares).
+    _c_storages = True
+
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
                  host_pool_cap=None, connect_timeout_ms=1000, sim_gbps=0.0,
@@ -524,6 +528,8 @@ class Manager:
                     self.warn_once("resizable", "a weight's storage became "
                                    "shared with NumPy: it stays on the device")
         self._saved.reap()
+        if self.client is not None:
+            self.client.flush_storages()  # the per-op path's own
         pend = self._tensors.pending_frees
         if not pend:
             return
@@ -563,6 +569,7 @@ class Manager:
         keeps) leave the client now: the next step's i-th storage must get
         the id the i-th got before, not a new one because an old tensor
         still holds it. If the next step uses one, it is adopted again."""
+        self.client.disown_storages()  # the per-op path's own
         for tid, ident in list(self._idents.items()):
             if ident.persistent:
                 continue
@@ -630,12 +637,27 @@ class Manager:
                                self.device.type == "cuda"))
 
     def _attach(self):
-        """Give the client's dispatch what it needs of this adapter."""
+        """Give the client's dispatch what it needs of this adapter. It
+        adopts new transient storages itself (python/src/storages.c) and
+        hands one over to the table here when the Python side needs it."""
         t = self._tensors
         self.client.set_op_path(self._dispatch, self._id_of, self._stop, t.by_ptr,
                                 (t.pending_frees, t.give_up, self._saved.graveyard),
                                 self._flush_frees, t.give_up, torch.Tensor,
-                                frozenset([_DETACH]))
+                                frozenset([_DETACH]), t.gone, torch.strided,
+                                self.device is not None and self._c_storages)
+        t.take = self._take_storage
+
+    def _take_storage(self, ptr):
+        """(Ident, tensor objects) of the storage at ptr that the client's
+        per-op path adopted, now the Python side's; None: not one."""
+        got = self.client.take_storage(ptr) if self.client is not None else None
+        if got is None:
+            return None
+        tid, nbytes, objs = got
+        ident = Ident(tid, nbytes, False)
+        self._idents[tid] = ident
+        return ident, objs
 
     def _torch_dispatch(self, func, types, args=(), kwargs=None):
         return self._dispatch(func, args, kwargs or {})

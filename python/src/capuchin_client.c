@@ -206,6 +206,7 @@ static void Client_close_impl(ClientObject *self) {
     cap_client_t *c = self->c;
     self->c = NULL;
     self->on = 0;
+    cap_py_storages_clear(self);
     cap_client_destroy(c);
   }
 }
@@ -217,6 +218,7 @@ static void Client_dealloc(ClientObject *self) {
   Py_XDECREF(self->recompute_cb);
   Py_XDECREF(self->names);
   cap_py_op_path_clear(self);
+  cap_py_storages_clear(self);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -565,9 +567,10 @@ static int add_methods(PyMethodDef *md) {
 PyMODINIT_FUNC PyInit__client(void) {
   if (PyType_Ready(&ClientType) < 0)
     return NULL;
-  /* The per-op path's methods live in op_path.c, the CUDA allocator's in
-   * torch_alloc.c. */
-  if (add_methods(cap_py_op_path_methods) < 0 ||
+  /* The per-op path's methods live in op_path.c and storages.c, the CUDA
+   * allocator's in torch_alloc.c. */
+  if (cap_py_storages_ready() < 0 || add_methods(cap_py_op_path_methods) < 0 ||
+      add_methods(cap_py_storages_methods) < 0 ||
       add_methods(cap_py_torch_alloc_methods) < 0)
     return NULL;
   PyType_Modified(&ClientType);

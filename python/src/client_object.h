@@ -31,6 +31,16 @@ typedef struct {
   uint32_t n_ids, cap_ids;
 } op_sig_t;
 
+/* The transient storages the per-op path adopted itself (storages.c). */
+typedef struct cap_py_stor cap_py_stor_t;
+typedef struct {
+  cap_py_stor_t **slots; /* open addressing on the storage's address */
+  uint32_t cap, n;
+  uint32_t *dead; /* ids whose last tensor object died: frees to report */
+  uint32_t n_dead, cap_dead;
+  uint32_t lost_frees; /* frees never reported (out of memory) */
+} cap_py_storages_t;
+
 typedef struct {
   PyObject_HEAD
   cap_client_t *c;
@@ -66,6 +76,13 @@ typedef struct {
   PyObject *tensor_type;
   PyObject *slow_funcs; /* ops that always take the slow path */
   PyObject *func_names; /* func -> interned name (bytes), None: slow */
+  PyObject *gone;       /* the adapter's weights given up (storage key ->
+                           Storage): while there is one, the Python path
+                           looks every new storage up */
+  PyObject *strided;    /* torch.strided */
+  int fast_adopt;       /* new storages may be adopted here (storages.c),
+                           not through id_of */
+  cap_py_storages_t storages;
 } ClientObject;
 
 extern PyObject *CapError;
@@ -85,6 +102,24 @@ void cap_py_op_path_end(ClientObject *self, cap_mode_t mode);
 /* The adapter stopped reporting this iteration. */
 void cap_py_op_path_stopped(ClientObject *self);
 void cap_py_op_path_clear(ClientObject *self);
+
+/* storages.c: the transient storages the per-op path adopts and frees. */
+extern PyMethodDef cap_py_storages_methods[];
+int cap_py_storages_ready(void);
+int cap_py_storages_set_torch(PyObject *tensor_type);
+/* The id the table caches on tensor object t, -1: none that holds. */
+long cap_py_storages_cached(PyObject *t);
+/* t's id, adopting its storage if it is new: an id, or one of these. */
+#define CAP_PY_ST_ERROR (-1)     /* an exception is set */
+#define CAP_PY_ST_UNMANAGED (-2) /* not a strided storage */
+#define CAP_PY_ST_PYTHON (-3)    /* the Python side's: ask id_of */
+long cap_py_storages_id_of(ClientObject *self, PyObject *t);
+/* Reports the frees due (at an op boundary: never from a callback). */
+void cap_py_storages_report_dead(ClientObject *self);
+/* The storages still alive leave the client (a step's end). */
+void cap_py_storages_disown(ClientObject *self);
+/* Forgets everything without telling the client (it is closed). */
+void cap_py_storages_clear(ClientObject *self);
 
 /* torch_alloc.c: Client.place, and whether Client.close must keep the
  * client because PyTorch still holds memory from it (it is no longer the

@@ -3,18 +3,23 @@
  * TorchDispatchMode handler itself, so that an ordinary op costs one C
  * call: the ids of its tensors from what the adapter cached on each tensor
  * object, the op run and timed, its report (op_run), and the check that a
- * guided iteration still follows the plan's op sequence. Whatever is not
- * ordinary (a storage seen for the first time, frees to report, nested or
- * keyword tensor arguments, an op the plan may replay, the adapter's own
- * ops) goes to the adapter's Python path, slow(func, args, kwargs), which
- * reports through Client.op: the sequence check and the report are here
- * only, for both.
+ * guided iteration still follows the plan's op sequence. A new output
+ * storage is adopted here and its free reported here (storages.c); frees
+ * and work of the Python side due before the op are done by its flush,
+ * and the op stays here. Whatever is not ordinary (an input seen for the
+ * first time, nested or keyword tensor arguments, an op the plan may
+ * replay, the adapter's own ops) goes to the adapter's Python path,
+ * slow(func, args, kwargs), which reports through Client.op: the sequence
+ * check and the report are here only, for both.
  *
- * The cache on a tensor object (python/capuchin/_tensors.py, _track):
- * _cap_st, the Storage record of its storage, and _cap_dp, its data_ptr()
- * then. It is used only while the tensor's data_ptr() is still that and
- * the storage table still maps the record's address to it; the record's
- * ident holds the id.
+ * The cache on a tensor object is one of two things. A StorageRef of
+ * storages.c (a storage this path adopted) on its weak reference list: it
+ * holds while its record does and the tensor's data_ptr() is the one it
+ * noted. Or, in its __dict__, _cap_st, a Storage record of the Python
+ * side (python/capuchin/_tensors.py, _track), with _cap_dp, the tensor's
+ * data_ptr() then: used only while the data_ptr() is still that and the
+ * Python side's table still maps the record's address to it; the
+ * record's ident holds the id.
  */
 #include "client_object.h" /* Python.h first, as CPython requires */
 
@@ -125,6 +130,9 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->tensor_type);
   Py_CLEAR(self->slow_funcs);
   Py_CLEAR(self->func_names);
+  Py_CLEAR(self->gone);
+  Py_CLEAR(self->strided);
+  self->fast_adopt = 0;
 }
 
 /* The op's ids are in self->ids (inputs) and self->ids + MAX_IDS (outputs).
@@ -189,9 +197,9 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The id cached on tensor t, or -1 when there is none that still holds
- * (the Python path then looks the storage up by address). */
-static long cached_id(ClientObject *self, PyObject *t) {
+/* The id the Python side's record cached on tensor t, or -1 when there is
+ * none that still holds. */
+static long py_cached_id(ClientObject *self, PyObject *t) {
   PyObject **dp = _PyObject_GetDictPtr(t);
   if (!dp || !*dp)
     return -1;
@@ -223,6 +231,14 @@ static long cached_id(ClientObject *self, PyObject *t) {
 miss:
   PyErr_Clear();
   return -1;
+}
+
+/* The Python side's record first: a tensor object it tracks may carry
+ * many weak references (one per time it was tracked again), which the C
+ * table's look-up walks. */
+static long cached_id(ClientObject *self, PyObject *t) {
+  long id = py_cached_id(self, t);
+  return id >= 0 ? id : cap_py_storages_cached(t);
 }
 
 static int add_unique(uint32_t *ids, uint32_t *n, uint32_t id) {
@@ -271,6 +287,13 @@ fail:
 static int out_ids(ClientObject *self, PyObject *o, uint32_t *n, int depth) {
   if (PyObject_TypeCheck(o, (PyTypeObject *)self->tensor_type)) {
     long id = cached_id(self, o);
+    if (id < 0 && self->fast_adopt) {
+      id = cap_py_storages_id_of(self, o);
+      if (id == CAP_PY_ST_ERROR)
+        return -1;
+      if (id == CAP_PY_ST_UNMANAGED)
+        return 0;
+    }
     if (id < 0) {
       PyObject *v = PyObject_CallOneArg(self->id_of, o);
       if (!v)
@@ -393,6 +416,10 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
   PyObject *func = a[0];
   PyObject *args = nargs > 2 ? a[2] : NULL;
   PyObject *kwargs = nargs > 3 ? a[3] : NULL;
+  /* The frees of the storages this path adopted (never the Python path's
+   * business) first, as any free is reported before the next op. */
+  if (self->on)
+    cap_py_storages_report_dead(self);
   /* Frees from the ops before (most ops free something) are reported
    * first, as the Python path would, and the op stays on this path. If
    * the client refuses one, the step stops reporting and the op runs
@@ -443,14 +470,17 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
 }
 
 /* set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up,
- * tensor_type, slow_funcs): what dispatch needs of the adapter (see
- * client_object.h). */
+ * tensor_type, slow_funcs, gone, strided, fast_adopt): what dispatch needs
+ * of the adapter (see client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *slow, *id_of, *stop, *by_ptr, *watch, *flush, *give_up, *tt, *sf;
-  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!", &slow, &id_of, &stop,
+  PyObject *gone, *strided;
+  int fast_adopt;
+  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!O!Op", &slow, &id_of, &stop,
                         &PyDict_Type, &by_ptr, &PyTuple_Type, &watch, &flush,
                         &PyList_Type, &give_up, &PyType_Type, &tt,
-                        &PyFrozenSet_Type, &sf))
+                        &PyFrozenSet_Type, &sf, &PyDict_Type, &gone, &strided,
+                        &fast_adopt))
     return NULL;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
     if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
@@ -463,12 +493,13 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
                     "slow, id_of, stop and flush must be callables");
     return NULL;
   }
-  if (intern_strings() < 0)
+  if (intern_strings() < 0 || cap_py_storages_set_torch(tt) < 0)
     return NULL;
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow, id_of, stop, by_ptr, watch, flush, give_up, tt, sf};
+  PyObject *objs[] = {slow,    id_of, stop, by_ptr, watch,  flush,
+                      give_up, tt,    sf,   gone,   strided};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
@@ -481,6 +512,9 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   Py_XSETREF(self->tensor_type, tt);
   Py_XSETREF(self->slow_funcs, sf);
   Py_XSETREF(self->func_names, names);
+  Py_XSETREF(self->gone, gone);
+  Py_XSETREF(self->strided, strided);
+  self->fast_adopt = fast_adopt;
   Py_RETURN_NONE;
 }
 
@@ -500,7 +534,7 @@ PyMethodDef cap_py_op_path_methods[] = {
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
      "set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up, "
-     "tensor_type, slow_funcs)"},
+     "tensor_type, slow_funcs, gone, strided, fast_adopt)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},

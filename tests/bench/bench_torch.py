@@ -8,7 +8,8 @@
    op report, all in capuchin._client's dispatch), in interleaved rounds.
    The adapter's cost is the difference, median and p99. Two ops: a small
    in-place add, and an add whose result is a new storage that is freed at
-   once (adopting a storage and reporting its free are the Python path's).
+   once (the storage adopted and its free reported, in capuchin._client's
+   storages.c too).
 2. Per budget: the iteration time (median of the guided iterations) and the
    tracked peak of a test model (tests/python/torch_models.py) at 100, 50
    and 30 %, against the same training without Capuchin; evictions, of
