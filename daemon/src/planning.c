@@ -77,6 +77,19 @@ static int compute(const cap__task_t *t, const cap_profile_t *p,
   return rc;
 }
 
+/* The device memory a plan needs: its placement's (the persistent bytes
+ * left outside the arena, plus the arena) where it has one, whose blocks
+ * are aligned and can exceed the live bytes (tiny tensors: 64 bytes take
+ * a 256-byte block); else its peak of live bytes. What "no plan fits"
+ * must name as the smallest budget. */
+static uint64_t need_bytes(const cap_profile_t *p, const cap_plan_t *plan) {
+  if (!plan)
+    return 0;
+  if (plan->n_blocks)
+    return cap_plan_outside_arena(plan, p) + plan->arena_bytes;
+  return plan->predicted_peak_bytes;
+}
+
 static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
                               uint64_t budget, cap_plan_t **out,
                               bool *evicts_persistent) {
@@ -93,7 +106,7 @@ static int plan_with_fallback(cap__task_t *t, const cap_profile_t *p,
     cfg.evict_persistent = true;
     int rc2 = compute(t, p, &cfg, &again);
     if (rc2 == 0 || (rc2 == CAP_EINFEASIBLE && again && plan &&
-                     again->predicted_peak_bytes < plan->predicted_peak_bytes)) {
+                     need_bytes(p, again) < need_bytes(p, plan))) {
       cap_plan_destroy(plan);
       plan = again;
       rc = rc2;
@@ -199,8 +212,7 @@ static void find_or_compute(cap__task_t *t, const cap_profile_t *p) {
     bool evicts = false;
     int rc2 = plan_with_fallback(t, p, t->budget, &full, &evicts);
     if (rc2 != CAP_EINFEASIBLE ||
-        (full && plan &&
-         full->predicted_peak_bytes < plan->predicted_peak_bytes)) {
+        (full && plan && need_bytes(p, full) < need_bytes(p, plan))) {
       cap_plan_destroy(plan);
       plan = full;
       rc = rc2;
@@ -214,7 +226,7 @@ static void find_or_compute(cap__task_t *t, const cap_profile_t *p) {
   t->plan_us = (cap__now_ns() - t0) / 1000;
   if (rc == CAP_EINFEASIBLE) {
     t->infeasible = true;
-    t->best_peak = plan ? plan->predicted_peak_bytes : 0;
+    t->best_peak = need_bytes(p, plan);
     cap_plan_destroy(plan);
     return;
   }
@@ -295,7 +307,7 @@ static void work_cb(uv_work_t *req) {
     t->plan_us = (cap__now_ns() - t0) / 1000;
     if (rc == CAP_EINFEASIBLE) {
       t->infeasible = true;
-      t->best_peak = plan ? plan->predicted_peak_bytes : 0;
+      t->best_peak = need_bytes(p, plan);
     }
     cap_plan_destroy(plan);
     cap_profile_destroy(p);

@@ -467,8 +467,13 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
   const char *best_policy = NULL;
   for (size_t i = 0; i < nres; i++) {
     any |= res[i].rc == 0;
-    if (res[i].sim.peak_bytes < best) {
-      best = res[i].sim.peak_bytes;
+    /* With placement a plan needs its arena and what stays outside it:
+     * aligned blocks can need more than the live bytes. */
+    uint64_t need = res[i].arena_bytes
+                        ? res[i].outside_bytes + res[i].arena_bytes
+                        : res[i].sim.peak_bytes;
+    if (need < best) {
+      best = need;
       best_policy = res[i].policy;
     }
   }
@@ -477,10 +482,11 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
     fprintf(stderr,
             "capuchin-sim: no plan fits the budget of %" PRIu64
             " bytes (%.1f MiB); the smallest feasible peak found is %" PRIu64
-            " bytes (%.1f MiB, %s); no plan can fit below %" PRIu64
+            " bytes (%.1f MiB, %s%s); no plan can fit below %" PRIu64
             " bytes (%.1f MiB: the largest op's own tensors%s)\n",
-            budget, mib(budget), best, mib(best), best_policy, floor_bytes,
-            mib(floor_bytes),
+            budget, mib(budget), best, mib(best), best_policy,
+            a->placement ? ", with its placement's aligned blocks" : "",
+            floor_bytes, mib(floor_bytes),
             cfg.evict_persistent ? "" : " plus the persistent bytes");
     status = EXIT_INFEASIBLE;
   }

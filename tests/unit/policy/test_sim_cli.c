@@ -225,6 +225,43 @@ static void test_placement_emit_and_check(void) {
   unlink(plan_path);
 }
 
+/* Tiny tensors: three 64-byte weights and a 64-byte output per op, one
+ * live at a time, so 100 % is 256 bytes of live peak; each output takes
+ * a 256-byte block of the placed arena, so with placement every plan
+ * needs 192 + 256 = 448 bytes, and that is the number to name. */
+static void test_placement_names_its_need(void) {
+  char path[] = "/tmp/cap_simcli_tiny_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  REQUIRE(f != NULL);
+  fprintf(f, "capuchin-trace 1\nmeta model=tiny device=sim iter_ns=100000 "
+             "peak_bytes=256\n");
+  for (int t = 0; t < 3; t++)
+    fprintf(f, "tensor %d 64 param\n", t);
+  for (int t = 3; t < 7; t++)
+    fprintf(f, "tensor %d 64 activation\n", t);
+  for (int i = 0; i < 4; i++) /* ops first, then the frees */
+    fprintf(f, "op %d %d %d add 0,1 %d\n", i, i * 20000, i * 20000 + 10000,
+            i + 3);
+  for (int i = 0; i < 4; i++)
+    fprintf(f, "free %d %d\n", i * 20000 + 15000, i + 3);
+  fclose(f);
+  char args[8192];
+  run_t r;
+  snprintf(args, sizeof args, "--trace '%s' --budget 320", path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0); /* counting bytes, it fits */
+  snprintf(args, sizeof args, "--trace '%s' --budget 320 --placement", path);
+  run(args, &r);
+  CHECK_EQ(r.status, 2);
+  CHECK(strstr(r.err, "smallest feasible peak found is 448 bytes") != NULL);
+  snprintf(args, sizeof args, "--trace '%s' --budget 448 --placement", path);
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  unlink(path);
+}
+
 static void test_impossible_budget_exits_2(void) {
   char args[8192];
   run_t r;
@@ -303,6 +340,7 @@ int main(void) {
   RUN_TEST(test_emit_and_check_plan);
   RUN_TEST(test_placement_emit_and_check);
   RUN_TEST(test_impossible_budget_exits_2);
+  RUN_TEST(test_placement_names_its_need);
   RUN_TEST(test_bad_arguments_exit_64);
   RUN_TEST(test_options_change_the_answer);
   return TEST_SUMMARY();
