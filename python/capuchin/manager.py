@@ -200,6 +200,9 @@ class Manager:
         self._diverged_run = 0      # guided steps in a row that left the
                                     # plan's op sequence
         self.remeasured = 0         # times the job was measured again
+        self._marks_unplanned = False  # a weight the plan in force evicts
+                                    # became NumPy-shared after the step it
+                                    # was planned from (measure again)
         self._guided = False
         self._mode = "probe"
         self._live_bytes = 0
@@ -303,7 +306,7 @@ class Manager:
             self._guided = False
             self._mode = "probe"
             return
-        if self._diverged_run >= 2:
+        if self._diverged_run >= 2 or self._marks_unplanned:
             self._remeasure()
             if self.client is None:
                 return
@@ -420,8 +423,9 @@ class Manager:
 
     def _remeasure(self):
         """The job no longer runs the iteration its plan was made for (two
-        guided steps in a row left it): a new client session measures the
-        next step, and the daemon plans that."""
+        guided steps in a row left it, or a weight it evicts can no longer
+        be given up): a new client session measures the next step, and the
+        daemon plans that."""
         self._flush_frees()
         self.client.close()
         del self._saved.graveyard[:]
@@ -441,6 +445,7 @@ class Manager:
             self._idents[ident.id] = ident
         self._attach()
         self._diverged_run = 0
+        self._marks_unplanned = False
         self.remeasured += 1
 
     def _adopt_weight(self, nbytes, t):
@@ -525,6 +530,11 @@ class Manager:
                     # longer take it out.
                     self.client.set_evictable(st.ident.id, False)
                     self._saved.restore_weight(st.ident.id)
+                    # The daemon learns of the mark from a measured step
+                    # only, and the plan in force counts on the bytes
+                    # leaving: measure the next step again.
+                    if self._mode != "measured":
+                        self._marks_unplanned = True
                     self.warn_once("resizable", "a weight's storage became "
                                    "shared with NumPy: it stays on the device")
         self._saved.reap()

@@ -77,7 +77,7 @@ def managed(model_name, budget, job, small_batch_at=None, on_iteration=None, **k
         with mgr.step():
             out.append(train_step(m, o, *batches(i)))
         if on_iteration:
-            on_iteration(i + 1, mgr)
+            on_iteration(i + 1, mgr, m)
     print(mgr.report(), flush=True)
     return mgr, out
 
@@ -152,7 +152,7 @@ def scenario_kill(model_name):
     ref = reference(model_name)
     pid = int(os.environ["CAP_DAEMON_PID"])
 
-    def kill_at_4(i, mgr):
+    def kill_at_4(i, mgr, model):
         if i == 4:
             os.kill(pid, signal.SIGKILL)
             time.sleep(0.2)
@@ -188,6 +188,48 @@ def scenario_shapes(model_name):
           mgr.remeasured == 1 and its[5]["mode"] == "measured" and its[6]["mode"] == "guided")
 
 
+def scenario_late_numpy(model_name):
+    """Weights become NumPy-shared after step 3, as a caller that starts
+    logging them with .numpy() would make them: the 30 % plan evicts
+    weights, which can no longer be given up. The client keeps them (a
+    fallback); the adapter measures the next step again, so that the daemon
+    plans with the marks, and the steps after it are guided with no
+    fallback."""
+    ref = reference(model_name)
+    shared = []
+
+    def share_at_3(i, mgr, model):
+        if i == 3:
+            # Half the hidden layers' weights: the plan at 30 % then
+            # still fits by evicting the others and the momentum (with
+            # every weight shared none does: the daemon says so).
+            weights = [p for p in model.parameters() if p.dim() == 2]
+            shared.extend(p.detach().numpy() for p in weights[1::2])
+
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr, got = managed(model_name, "30%", model_name + "-late-numpy",
+                           on_iteration=share_at_3)
+    check_equal(model_name + " weights shared after step 3", ref, got)
+    check_common(model_name + " weights shared after step 3", mgr)
+    its = mgr.iterations
+    check("late numpy: step 3 guided, evicting weights",
+          its[2]["mode"] == "guided" and its[2]["weights_out"] > 0)
+    # (Their copies out had run: the adapter found it could not resize
+    # them, kept them, and had the client copy them back.)
+    check("late numpy: step 4 kept the shared weights (%d of %d given up), said why" % (
+        its[3]["weights_out"], its[2]["weights_out"]),
+        its[3]["weights_out"] < its[2]["weights_out"] and
+        any("shared with NumPy" in str(w.message) for w in caught))
+    check("late numpy: step 5 measured again", mgr.remeasured == 1 and
+          its[4]["mode"] == "measured")
+    for it in its[5:]:
+        check("late numpy: step %d guided, no fallback, within the budget" % it["iteration"],
+              it["mode"] == "guided" and it["fallbacks"] == 0 and
+              it["peak_bytes"] <= mgr.budget_bytes)
+
+
 def scenario_hostcap(model_name):
     import warnings
     ref = reference(model_name)
@@ -210,6 +252,7 @@ def scenario_hostcap(model_name):
 if __name__ == "__main__":
     scenario, model_name = sys.argv[1], sys.argv[2]
     {"budgets": scenario_budgets, "kill": scenario_kill, "nodaemon": scenario_nodaemon,
-     "shapes": scenario_shapes, "hostcap": scenario_hostcap}[scenario](model_name)
+     "shapes": scenario_shapes, "hostcap": scenario_hostcap,
+     "late_numpy": scenario_late_numpy}[scenario](model_name)
     print("%d failed" % len(fails))
     sys.exit(1 if fails else 0)
