@@ -399,7 +399,7 @@ static int64_t shared_ns(const cap_profile_t *p, const uint32_t *x,
  * back-access on a tie: the tensor comes back least early). CAP_NONE
  * when no replay shares an op. */
 static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
-                              uint32_t bi) {
+                              const uint8_t *runs, uint32_t bi) {
   const cap_action_t *b = &plan->actions[bi];
   uint32_t out = cap_profile_access_op(p, b->tensor, b->evict_after_access);
   uint32_t back =
@@ -409,7 +409,8 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
   int64_t best_ns = 0;
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
-    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute)
+    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute ||
+        (runs && !runs[i]))
       continue;
     uint32_t ab =
         cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
@@ -426,9 +427,37 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
   return best;
 }
 
+/* Per action of plan, whether the simulator runs its own list (1): a list
+ * whose tensor an earlier list brings back as part of its segment never
+ * runs, and merging into it changes nothing. NULL in *out on CAP_ENOMEM
+ * or a plan the simulator refuses (then every partner is tried). */
+static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
+                          const cap_plan_config_t *cfg, uint8_t **out) {
+  *out = NULL;
+  cap_sim_result_t r;
+  cap_residency_t *res = NULL;
+  uint32_t n_res = 0;
+  if (cap_sim_residency(p, plan, &cfg->bw, &r, &res, &n_res))
+    return 0;
+  cap_sim_result_close(&r);
+  uint8_t *runs = calloc((size_t)plan->n_actions + 1, 1);
+  if (!runs) {
+    free(res);
+    return CAP_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n_res; i++)
+    if (res[i].kind == CAP_RESIDENCY_RECOMPUTED &&
+        res[i].action < plan->n_actions &&
+        plan->actions[res[i].action].tensor == res[i].tensor)
+      runs[res[i].action] = 1;
+  free(res);
+  *out = runs;
+  return 0;
+}
+
 /* For the costliest replays (at most max_tries), merge each into its
- * partner's list; keep each merge the simulator finds faster and no higher
- * at its peak. */
+ * partner's list (one that runs); keep each merge the simulator finds
+ * faster and no higher at its peak. */
 static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
                          const cap_plan_config_t *cfg, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -443,31 +472,41 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
                             a->evict_after_access};
   }
   qsort(cands, n, sizeof *cands, cmp_cand);
-  int rc = 0;
+  uint8_t *runs = NULL;
+  int rc = lists_that_run(plan, p, cfg, &runs);
   /* each look for a partner scans the plan: the costliest few only */
   for (uint32_t i = 0, tries = 0;
        i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
     uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
-    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, bi);
+    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, runs, bi);
     if (ai == CAP_NONE)
       continue;
     tries++;
     cap_plan_t *next = cap_plan_clone(plan);
-    if (!next)
-      return free(cands), CAP_ENOMEM;
+    if (!next) {
+      rc = CAP_ENOMEM;
+      break;
+    }
     rc = cap__plan_merge_lists(next, ai, bi, SHARE_MAX_OPS);
     bool ok = false;
     if (!rc)
       rc = simulate(next, p, &cfg->bw, &ok);
     else if (rc == CAP_ENOENT)
       rc = 0;
-    if (ok && keep(next, plan, p, limit)) {
+    bool kept = ok && keep(next, plan, p, limit);
+    if (kept) {
       cap_plan_t tmp = *plan;
       *plan = *next;
       *next = tmp;
     }
     cap_plan_destroy(next);
+    /* the merged list now restores more: others may no longer run */
+    if (kept && !rc) {
+      free(runs);
+      rc = lists_that_run(plan, p, cfg, &runs);
+    }
   }
+  free(runs);
   free(cands);
   return rc;
 }
