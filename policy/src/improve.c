@@ -521,11 +521,12 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
  * copied out no later). */
 
 /* The cheapest swap to replay in place of replay yi: cheaper than it,
- * at least as large, and (when before) copied out no later; CAP_NONE when
- * none. */
+ * at least as large, (when before) copied out no later, and not one of the
+ * n_refused the simulator refused already; CAP_NONE when none. */
 static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
                                  const int64_t *swap_ns, uint32_t yi,
-                                 int64_t y_ns, bool before) {
+                                 int64_t y_ns, bool before,
+                                 const uint32_t *refused, uint32_t n_refused) {
   const cap_action_t *y = &plan->actions[yi];
   uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
   uint64_t y_bytes = p->tensors[y->tensor].bytes;
@@ -538,6 +539,11 @@ static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
         p->tensors[x->tensor].bytes < y_bytes ||
         (before &&
          cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out))
+      continue;
+    bool seen = false;
+    for (uint32_t r = 0; r < n_refused && !seen; r++)
+      seen = refused[r] == j;
+    if (seen)
       continue;
     xi = j;
     best = swap_ns[j];
@@ -575,6 +581,10 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* Swaps tried per replay: the cheapest to replay first (the simulator may
+ * refuse one for where its copies or its replay fall). */
+#define EXCHANGE_PARTNERS 3u
+
 static int exchange(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -604,18 +614,20 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     /* first a swap whose copy out the replay's can take over; then any:
      * a later copy out that the engine then runs earlier */
-    uint32_t tried = CAP_NONE;
+    uint32_t refused[EXCHANGE_PARTNERS], n_refused = 0;
     bool kept = false;
     for (int before = 1; before >= 0 && !kept && !rc; before--) {
-      uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
-                                     before);
-      if (xi == CAP_NONE || xi == tried)
-        continue;
-      tries++;
-      tried = xi;
-      rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
-      if (kept)
-        swap_ns[xi] = -1; /* a replay now */
+      while (!kept && !rc && n_refused < EXCHANGE_PARTNERS) {
+        uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
+                                       before, refused, n_refused);
+        if (xi == CAP_NONE)
+          break;
+        tries++;
+        refused[n_refused++] = xi;
+        rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
+        if (kept)
+          swap_ns[xi] = -1; /* a replay now */
+      }
     }
   }
   cap__lineage_close(&lin);
