@@ -75,9 +75,10 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
 }
 
 /* Action a becomes a swap whose prefetch lands just in time on idle
- * engines (cap__earlier_trigger), on demand when none can. */
+ * engines (cap__earlier_trigger), `lead` ns earlier than that, on demand
+ * when none can. */
 static void make_swap(cap_action_t *a, const cap_profile_t *p,
-                      const cap_plan_config_t *cfg) {
+                      const cap_plan_config_t *cfg, int64_t lead) {
   uint32_t tt, ta;
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = a->n_recompute = 0;
@@ -85,7 +86,8 @@ static void make_swap(cap_action_t *a, const cap_profile_t *p,
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
   int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
-  if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
+  if (cap__earlier_trigger(p, a, in_ns + lead, cfg->trigger_margin_ns, &tt,
+                           &ta)) {
     a->prefetch_tensor = tt;
     a->prefetch_access = ta;
   }
@@ -123,9 +125,10 @@ static int set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
   return cap__plan_set_list(plan, ai, l->ops, l->n_ops);
 }
 
-enum { TO_SWAP, DROP, EARLIER, TO_REPLAY };
+enum { TO_SWAP, DROP, EARLIER, TO_REPLAY, TO_SWAP_EARLY };
 
-/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
+/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP;
+ * TO_SWAP_EARLY: its prefetch a whole copy earlier),
  * with the eviction of (tensor, k) left out (DROP: the tensor stays),
  * with the prefetch of the swap of (tensor, k) started its lateness (cd's
  * cost) earlier (EARLIER), or with that late swap replayed instead when
@@ -139,7 +142,8 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   *out = NULL;
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
-      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
+      ((how == TO_SWAP || how == TO_SWAP_EARLY) &&
+       plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
       ((how == EARLIER || how == TO_REPLAY) &&
        plan->actions[ai].method != CAP_METHOD_SWAP))
     return 0;
@@ -182,7 +186,11 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     a->prefetch_access = ta;
     goto explicit;
   }
-  make_swap(a, p, cfg);
+  /* TO_SWAP_EARLY: its prefetch a whole copy earlier than just in time */
+  make_swap(a, p, cfg,
+            how == TO_SWAP_EARLY
+                ? cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps)
+                : 0);
 explicit:;
   int rc = cap__plan_make_explicit(next, p, NULL);
   if (rc) {
@@ -347,6 +355,14 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   for (uint32_t i = 0; i < n && i < max_tries && !rc; i++) {
     cap_plan_t *next;
     rc = try_change(plan, p, cfg, &cands[i], how, &next);
+    /* a prefetch just in time may come late behind other prefetches or
+     * land inside a peak: on short profiles try one a whole copy earlier
+     * too */
+    if (!rc && how == TO_SWAP && p->n_ops < CAP__SMALL_OPS &&
+        (!next || !keep(next, plan, p, limit))) {
+      cap_plan_destroy(next);
+      rc = try_change(plan, p, cfg, &cands[i], TO_SWAP_EARLY, &next);
+    }
     if (rc || !next)
       continue;
     if (keep(next, plan, p, limit)) {
@@ -565,7 +581,7 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   if (!next)
     return CAP_ENOMEM;
   rc = set_replay(next, xi, lin);
-  make_swap(&next->actions[yi], p, cfg);
+  make_swap(&next->actions[yi], p, cfg, 0);
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
   bool ok = false;
