@@ -779,7 +779,7 @@ static int rescue_late_swap_outs(const cap_profile_t *p,
  * where it starts than the portfolio's ranking says: resnet50 at 50 % went
  * from 5.88 % to 5.38 % when all were searched), the next two on longer
  * ones, for their planning time. */
-#define RUNNERS_UP 8u
+#define RUNNERS_UP 8u /* at least the portfolio's variants but the best */
 #define RUNNERS_UP_LONG 2u
 
 /* The portfolio at one configuration: *out is the best plan found, fitting
@@ -948,8 +948,8 @@ static int search_repeated(cap_plan_t *plan, const cap_profile_t *p,
  * where the portfolio finds none above the floor, the local search on the
  * best plan and, with a quarter of the tries each, on the portfolio's next
  * RUNNERS_UP (RUNNERS_UP_LONG on long profiles; the search may take one of
- * them further), each repeated while it finds something, then the winning variant again without the
- * costliest replays. *out is the best plan,
+ * them further), each repeated while it finds something, then the winning
+ * variant again without the costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
