@@ -326,16 +326,28 @@ static int stalls(const cap_plan_t *plan, const cap_profile_t *p,
  * list's time), DROP for replays and late prefetches (cost: list time or
  * stall), EARLIER and TO_REPLAY for late prefetches (cost: stall). Each
  * change the simulator finds faster and no higher at its peak is kept. */
+static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
+                          const cap_plan_config_t *cfg, uint8_t **out);
+
 static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
   int64_t *late = NULL;
+  uint8_t *runs = NULL;
   int rc = how != TO_SWAP ? stalls(plan, p, cfg, &late) : 0;
-  if (rc)
+  /* a replay whose list never runs (an earlier segment restores its
+   * tensor) costs nothing: not a candidate. Short profiles only: one more
+   * simulation per move (bert_large's planning time is bounded). */
+  if (!rc && p->n_ops < CAP__SMALL_OPS && (how == TO_SWAP || how == DROP))
+    rc = lists_that_run(plan, p, cfg, &runs);
+  if (rc) {
+    free(late);
     return rc;
+  }
   cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
   if (!cands) {
     free(late);
+    free(runs);
     return CAP_ENOMEM;
   }
   uint32_t n = 0;
@@ -344,7 +356,8 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP))
+    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP) &&
+        (!runs || runs[i]))
       cost = cap__replay_ns(plan, p, a);
     else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
@@ -375,6 +388,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   }
   free(cands);
   free(late);
+  free(runs);
   return rc;
 }
 
