@@ -75,9 +75,10 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
 }
 
 /* Action a becomes a swap whose prefetch lands just in time on idle
- * engines (cap__earlier_trigger), on demand when none can. */
+ * engines (cap__earlier_trigger), `lead` ns earlier than that, on demand
+ * when none can. */
 static void make_swap(cap_action_t *a, const cap_profile_t *p,
-                      const cap_plan_config_t *cfg) {
+                      const cap_plan_config_t *cfg, int64_t lead) {
   uint32_t tt, ta;
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = a->n_recompute = 0;
@@ -85,7 +86,8 @@ static void make_swap(cap_action_t *a, const cap_profile_t *p,
   a->prefetch_tensor = CAP_NONE;
   a->prefetch_access = 0;
   int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
-  if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
+  if (cap__earlier_trigger(p, a, in_ns + lead, cfg->trigger_margin_ns, &tt,
+                           &ta)) {
     a->prefetch_tensor = tt;
     a->prefetch_access = ta;
   }
@@ -123,9 +125,10 @@ static int set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
   return cap__plan_set_list(plan, ai, l->ops, l->n_ops);
 }
 
-enum { TO_SWAP, DROP, EARLIER, TO_REPLAY };
+enum { TO_SWAP, DROP, EARLIER, TO_REPLAY, TO_SWAP_EARLY };
 
-/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP),
+/* The plan with the replay of (tensor, k) turned into a swap (TO_SWAP;
+ * TO_SWAP_EARLY: its prefetch a whole copy earlier),
  * with the eviction of (tensor, k) left out (DROP: the tensor stays),
  * with the prefetch of the swap of (tensor, k) started its lateness (cd's
  * cost) earlier (EARLIER), or with that late swap replayed instead when
@@ -139,7 +142,8 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   *out = NULL;
   uint32_t ai = find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
-      (how == TO_SWAP && plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
+      ((how == TO_SWAP || how == TO_SWAP_EARLY) &&
+       plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
       ((how == EARLIER || how == TO_REPLAY) &&
        plan->actions[ai].method != CAP_METHOD_SWAP))
     return 0;
@@ -182,7 +186,11 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     a->prefetch_access = ta;
     goto explicit;
   }
-  make_swap(a, p, cfg);
+  /* TO_SWAP_EARLY: its prefetch a whole copy earlier than just in time */
+  make_swap(a, p, cfg,
+            how == TO_SWAP_EARLY
+                ? cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps)
+                : 0);
 explicit:;
   int rc = cap__plan_make_explicit(next, p, NULL);
   if (rc) {
@@ -318,16 +326,28 @@ static int stalls(const cap_plan_t *plan, const cap_profile_t *p,
  * list's time), DROP for replays and late prefetches (cost: list time or
  * stall), EARLIER and TO_REPLAY for late prefetches (cost: stall). Each
  * change the simulator finds faster and no higher at its peak is kept. */
+static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
+                          const cap_plan_config_t *cfg, uint8_t **out);
+
 static int search(cap_plan_t *plan, const cap_profile_t *p,
                   const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
   int64_t *late = NULL;
+  uint8_t *runs = NULL;
   int rc = how != TO_SWAP ? stalls(plan, p, cfg, &late) : 0;
-  if (rc)
+  /* a replay whose list never runs (an earlier segment restores its
+   * tensor) costs nothing: not a candidate. Short profiles only: one more
+   * simulation per move (bert_large's planning time is bounded). */
+  if (!rc && p->n_ops < CAP__SMALL_OPS && (how == TO_SWAP || how == DROP))
+    rc = lists_that_run(plan, p, cfg, &runs);
+  if (rc) {
+    free(late);
     return rc;
+  }
   cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
   if (!cands) {
     free(late);
+    free(runs);
     return CAP_ENOMEM;
   }
   uint32_t n = 0;
@@ -336,7 +356,8 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     if (cap_action_is_release(a))
       continue;
     int64_t cost = 0;
-    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP))
+    if (a->method == CAP_METHOD_RECOMPUTE && (how == TO_SWAP || how == DROP) &&
+        (!runs || runs[i]))
       cost = cap__replay_ns(plan, p, a);
     else if (a->method == CAP_METHOD_SWAP && how != TO_SWAP)
       cost = late[i];
@@ -354,6 +375,14 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
          part++, cd.cost_ns /= 2) {
       cap_plan_t *next;
       rc = try_change(plan, p, cfg, &cd, how, &next);
+      /* a prefetch just in time may come late behind other prefetches or
+       * land inside a peak: on short profiles try one a whole copy earlier
+       * too */
+      if (!rc && how == TO_SWAP && p->n_ops < CAP__SMALL_OPS &&
+          (!next || !keep(next, plan, p, limit))) {
+        cap_plan_destroy(next);
+        rc = try_change(plan, p, cfg, &cd, TO_SWAP_EARLY, &next);
+      }
       if (rc || !next)
         continue;
       bool kept = keep(next, plan, p, limit);
@@ -370,6 +399,7 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
   }
   free(cands);
   free(late);
+  free(runs);
   return rc;
 }
 
@@ -410,7 +440,7 @@ static int64_t shared_ns(const cap_profile_t *p, const uint32_t *x,
  * back-access on a tie: the tensor comes back least early). CAP_NONE
  * when no replay shares an op. */
 static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
-                              uint32_t bi) {
+                              const uint8_t *runs, uint32_t bi) {
   const cap_action_t *b = &plan->actions[bi];
   uint32_t out = cap_profile_access_op(p, b->tensor, b->evict_after_access);
   uint32_t back =
@@ -420,7 +450,8 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
   int64_t best_ns = 0;
   for (uint32_t i = 0; i < plan->n_actions; i++) {
     const cap_action_t *a = &plan->actions[i];
-    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute)
+    if (i == bi || a->method != CAP_METHOD_RECOMPUTE || !a->n_recompute ||
+        (runs && !runs[i]))
       continue;
     uint32_t ab =
         cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
@@ -437,9 +468,37 @@ static uint32_t share_partner(const cap_plan_t *plan, const cap_profile_t *p,
   return best;
 }
 
+/* Per action of plan, whether the simulator runs its own list (1): a list
+ * whose tensor an earlier list brings back as part of its segment never
+ * runs, and merging into it changes nothing. NULL in *out on CAP_ENOMEM
+ * or a plan the simulator refuses (then every partner is tried). */
+static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
+                          const cap_plan_config_t *cfg, uint8_t **out) {
+  *out = NULL;
+  cap_sim_result_t r;
+  cap_residency_t *res = NULL;
+  uint32_t n_res = 0;
+  if (cap_sim_residency(p, plan, &cfg->bw, &r, &res, &n_res))
+    return 0;
+  cap_sim_result_close(&r);
+  uint8_t *runs = calloc((size_t)plan->n_actions + 1, 1);
+  if (!runs) {
+    free(res);
+    return CAP_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n_res; i++)
+    if (res[i].kind == CAP_RESIDENCY_RECOMPUTED &&
+        res[i].action < plan->n_actions &&
+        plan->actions[res[i].action].tensor == res[i].tensor)
+      runs[res[i].action] = 1;
+  free(res);
+  *out = runs;
+  return 0;
+}
+
 /* For the costliest replays (at most max_tries), merge each into its
- * partner's list; keep each merge the simulator finds faster and no higher
- * at its peak. */
+ * partner's list (one that runs); keep each merge the simulator finds
+ * faster and no higher at its peak. */
 static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
                          const cap_plan_config_t *cfg, uint32_t max_tries) {
   uint64_t limit = plan->predicted_peak_bytes;
@@ -454,31 +513,41 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
                             a->evict_after_access};
   }
   qsort(cands, n, sizeof *cands, cmp_cand);
-  int rc = 0;
+  uint8_t *runs = NULL;
+  int rc = lists_that_run(plan, p, cfg, &runs);
   /* each look for a partner scans the plan: the costliest few only */
   for (uint32_t i = 0, tries = 0;
        i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
     uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
-    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, bi);
+    uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, runs, bi);
     if (ai == CAP_NONE)
       continue;
     tries++;
     cap_plan_t *next = cap_plan_clone(plan);
-    if (!next)
-      return free(cands), CAP_ENOMEM;
+    if (!next) {
+      rc = CAP_ENOMEM;
+      break;
+    }
     rc = cap__plan_merge_lists(next, ai, bi, SHARE_MAX_OPS);
     bool ok = false;
     if (!rc)
       rc = simulate(next, p, &cfg->bw, &ok);
     else if (rc == CAP_ENOENT)
       rc = 0;
-    if (ok && keep(next, plan, p, limit)) {
+    bool kept = ok && keep(next, plan, p, limit);
+    if (kept) {
       cap_plan_t tmp = *plan;
       *plan = *next;
       *next = tmp;
     }
     cap_plan_destroy(next);
+    /* the merged list now restores more: others may no longer run */
+    if (kept && !rc) {
+      free(runs);
+      rc = lists_that_run(plan, p, cfg, &runs);
+    }
   }
+  free(runs);
   free(cands);
   return rc;
 }
@@ -493,11 +562,12 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
  * copied out no later). */
 
 /* The cheapest swap to replay in place of replay yi: cheaper than it,
- * at least as large, and (when before) copied out no later; CAP_NONE when
- * none. */
+ * at least as large, (when before) copied out no later, and not one of the
+ * n_refused the simulator refused already; CAP_NONE when none. */
 static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
                                  const int64_t *swap_ns, uint32_t yi,
-                                 int64_t y_ns, bool before) {
+                                 int64_t y_ns, bool before,
+                                 const uint32_t *refused, uint32_t n_refused) {
   const cap_action_t *y = &plan->actions[yi];
   uint32_t y_out = cap_profile_access_op(p, y->tensor, y->evict_after_access);
   uint64_t y_bytes = p->tensors[y->tensor].bytes;
@@ -510,6 +580,11 @@ static uint32_t exchange_partner(const cap_plan_t *plan, const cap_profile_t *p,
         p->tensors[x->tensor].bytes < y_bytes ||
         (before &&
          cap_profile_access_op(p, x->tensor, x->evict_after_access) > y_out))
+      continue;
+    bool seen = false;
+    for (uint32_t r = 0; r < n_refused && !seen; r++)
+      seen = refused[r] == j;
+    if (seen)
       continue;
     xi = j;
     best = swap_ns[j];
@@ -531,7 +606,7 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   if (!next)
     return CAP_ENOMEM;
   rc = set_replay(next, xi, lin);
-  make_swap(&next->actions[yi], p, cfg);
+  make_swap(&next->actions[yi], p, cfg, 0);
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
   bool ok = false;
@@ -546,6 +621,10 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   cap_plan_destroy(next);
   return rc;
 }
+
+/* Swaps tried per replay: the cheapest to replay first (the simulator may
+ * refuse one for where its copies or its replay fall). */
+#define EXCHANGE_PARTNERS 3u
 
 static int exchange(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, uint32_t max_tries) {
@@ -576,18 +655,20 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     /* first a swap whose copy out the replay's can take over; then any:
      * a later copy out that the engine then runs earlier */
-    uint32_t tried = CAP_NONE;
+    uint32_t refused[EXCHANGE_PARTNERS], n_refused = 0;
     bool kept = false;
     for (int before = 1; before >= 0 && !kept && !rc; before--) {
-      uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
-                                     before);
-      if (xi == CAP_NONE || xi == tried)
-        continue;
-      tries++;
-      tried = xi;
-      rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
-      if (kept)
-        swap_ns[xi] = -1; /* a replay now */
+      while (!kept && !rc && n_refused < EXCHANGE_PARTNERS) {
+        uint32_t xi = exchange_partner(plan, p, swap_ns, yi, cands[i].cost_ns,
+                                       before, refused, n_refused);
+        if (xi == CAP_NONE)
+          break;
+        tries++;
+        refused[n_refused++] = xi;
+        rc = try_exchange(plan, p, cfg, &lin, xi, yi, limit, &kept);
+        if (kept)
+          swap_ns[xi] = -1; /* a replay now */
+      }
     }
   }
   cap__lineage_close(&lin);
