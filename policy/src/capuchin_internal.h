@@ -246,6 +246,28 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* A swap whose prefetch the simulator finds late: the action, and by how
+ * much. */
+typedef struct {
+  int64_t late_ns;
+  uint32_t action;
+} cap__late_t;
+
+/* plan's late swaps, the latest first: *out (malloc'd, freed by the
+ * caller) and *n. plan must have actions (polish.c). Returns 0 or an
+ * error. */
+int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_bandwidth_t *bw, cap__late_t **out, uint32_t *n);
+
+/* A change to plan, next, simulated: when it is faster than plan, no
+ * higher than limit at its peak, and valid, it takes plan's place
+ * (contents swapped: the caller's pointer stays valid) and *kept is set;
+ * one whose recompute list cannot run as written is refused. next is
+ * destroyed either way (polish.c). Returns 0 or an error. */
+int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
+                        const cap_profile_t *p, const cap_bandwidth_t *bw,
+                        uint64_t limit, bool *kept);
+
 /* Each late prefetch of plan, the latest first, tries a few triggers
  * around its lateness earlier and keeps the first that the simulator finds
  * faster, no higher at its peak, and valid; at most max_sims simulations

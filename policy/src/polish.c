@@ -18,16 +18,56 @@
 #include "capuchin_internal.h"
 #include "planners.h"
 
-typedef struct {
-  int64_t late_ns;
-  uint32_t action;
-} late_t;
-
 static int cmp_late(const void *a, const void *b) {
-  const late_t *x = a, *y = b;
+  const cap__late_t *x = a, *y = b;
   if (x->late_ns != y->late_ns)
     return x->late_ns > y->late_ns ? -1 : 1;
   return x->action < y->action ? -1 : x->action > y->action;
+}
+
+int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_bandwidth_t *bw, cap__late_t **out, uint32_t *n) {
+  *out = NULL;
+  *n = 0;
+  cap__late_t *l = malloc((size_t)plan->n_actions * sizeof *l);
+  if (!l)
+    return CAP_ENOMEM;
+  cap_sim_result_t r;
+  int rc = cap_sim_run(p, plan, bw, &r);
+  if (rc) {
+    free(l);
+    return rc;
+  }
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < r.n_prefetches; i++)
+    if (r.prefetches[i].action < plan->n_actions &&
+        r.prefetches[i].late_ns > 0 &&
+        plan->actions[r.prefetches[i].action].method == CAP_METHOD_SWAP)
+      l[k++] = (cap__late_t){r.prefetches[i].late_ns, r.prefetches[i].action};
+  cap_sim_result_close(&r);
+  qsort(l, k, sizeof *l, cmp_late);
+  *out = l;
+  *n = k;
+  return 0;
+}
+
+int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
+                        const cap_profile_t *p, const cap_bandwidth_t *bw,
+                        uint64_t limit, bool *kept) {
+  *kept = false;
+  int rc = cap__plan_predict(next, p, bw);
+  if (rc == CAP_EINVAL) {
+    rc = 0; /* a list that cannot run as written: refused */
+  } else if (!rc && next->predicted_peak_bytes <= limit &&
+             next->predicted_iter_ns < plan->predicted_iter_ns &&
+             cap_plan_validate(next, p, NULL, 0) == 0) {
+    cap_plan_t tmp = *plan;
+    *plan = *next;
+    *next = tmp;
+    *kept = true;
+  }
+  cap_plan_destroy(next);
+  return rc;
 }
 
 /* Advances tried, as fractions of the lateness: num / den. */
@@ -40,23 +80,11 @@ int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
   if (plan->predicted_peak_bytes > cfg->budget_bytes || !plan->n_actions)
     return 0;
   uint64_t limit = plan->predicted_peak_bytes;
-  late_t *l = malloc((size_t)plan->n_actions * sizeof *l);
-  if (!l)
-    return CAP_ENOMEM;
-  cap_sim_result_t r;
-  int rc = cap_sim_run(p, plan, &cfg->bw, &r);
-  if (rc) {
-    free(l);
+  cap__late_t *l;
+  uint32_t n;
+  int rc = cap__late_swaps(plan, p, &cfg->bw, &l, &n);
+  if (rc)
     return rc;
-  }
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < r.n_prefetches; i++)
-    if (r.prefetches[i].action < plan->n_actions &&
-        r.prefetches[i].late_ns > 0 &&
-        plan->actions[r.prefetches[i].action].method == CAP_METHOD_SWAP)
-      l[n++] = (late_t){r.prefetches[i].late_ns, r.prefetches[i].action};
-  cap_sim_result_close(&r);
-  qsort(l, n, sizeof *l, cmp_late);
   uint32_t sims = 0;
   for (uint32_t i = 0; i < n && sims < max_sims && !rc; i++) {
     for (uint32_t j = 0; j < N_ADV && sims < max_sims && !rc; j++) {
@@ -74,19 +102,8 @@ int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
       next->actions[l[i].action].prefetch_tensor = tt;
       next->actions[l[i].action].prefetch_access = ta;
       sims++;
-      rc = cap__plan_predict(next, p, &cfg->bw);
-      bool kept = false;
-      if (rc == CAP_EINVAL) {
-        rc = 0; /* a list that cannot run as written: refused */
-      } else if (!rc && next->predicted_peak_bytes <= limit &&
-                 next->predicted_iter_ns < plan->predicted_iter_ns &&
-                 cap_plan_validate(next, p, NULL, 0) == 0) {
-        cap_plan_t tmp = *plan;
-        *plan = *next;
-        *next = tmp;
-        kept = true;
-      }
-      cap_plan_destroy(next);
+      bool kept;
+      rc = cap__keep_if_faster(plan, next, p, &cfg->bw, limit, &kept);
       if (kept)
         break;
     }

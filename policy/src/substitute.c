@@ -26,18 +26,6 @@
 #define SUBST_PARTNERS 2u /* partners tried per late swap, latest back first */
 
 typedef struct {
-  int64_t late_ns;
-  uint32_t action;
-} late_t;
-
-static int cmp_late(const void *a, const void *b) {
-  const late_t *x = a, *y = b;
-  if (x->late_ns != y->late_ns)
-    return x->late_ns > y->late_ns ? -1 : 1;
-  return x->action < y->action ? -1 : x->action > y->action;
-}
-
-typedef struct {
   uint32_t tensor, k; /* evict after access k */
   uint32_t back;      /* its back-access op */
 } partner_t;
@@ -99,23 +87,11 @@ static int substitute(cap_plan_t *plan, const cap_profile_t *p,
   if (plan->predicted_peak_bytes > cfg->budget_bytes || !plan->n_actions)
     return 0;
   uint64_t limit = plan->predicted_peak_bytes;
-  late_t *l = malloc((size_t)plan->n_actions * sizeof *l);
-  if (!l)
-    return CAP_ENOMEM;
-  cap_sim_result_t r;
-  int rc = cap_sim_run(p, plan, &cfg->bw, &r);
-  if (rc) {
-    free(l);
+  cap__late_t *l;
+  uint32_t n;
+  int rc = cap__late_swaps(plan, p, &cfg->bw, &l, &n);
+  if (rc)
     return rc;
-  }
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < r.n_prefetches; i++)
-    if (r.prefetches[i].action < plan->n_actions &&
-        r.prefetches[i].late_ns > 0 &&
-        plan->actions[r.prefetches[i].action].method == CAP_METHOD_SWAP)
-      l[n++] = (late_t){r.prefetches[i].late_ns, r.prefetches[i].action};
-  cap_sim_result_close(&r);
-  qsort(l, n, sizeof *l, cmp_late);
   uint32_t sims = 0;
   for (uint32_t i = 0; i < n && sims < max_sims && !rc; i++) {
     /* indices stay valid: a kept change rewrites one action in place */
@@ -150,23 +126,16 @@ static int substitute(cap_plan_t *plan, const cap_profile_t *p,
         a->prefetch_tensor = tt;
         a->prefetch_access = ta;
       }
-      rc = cap__plan_make_explicit(next, p, NULL);
-      if (!rc) {
-        sims++;
-        rc = cap__plan_predict(next, p, &cfg->bw);
-      }
       bool kept = false;
-      if (rc == CAP_EINVAL) {
-        rc = 0; /* a list that cannot run as written: refused */
-      } else if (!rc && next->predicted_peak_bytes <= limit &&
-                 next->predicted_iter_ns < plan->predicted_iter_ns &&
-                 cap_plan_validate(next, p, NULL, 0) == 0) {
-        cap_plan_t tmp = *plan;
-        *plan = *next;
-        *next = tmp;
-        kept = true;
+      rc = cap__plan_make_explicit(next, p, NULL);
+      if (rc) {
+        cap_plan_destroy(next);
+        if (rc == CAP_EINVAL)
+          rc = 0; /* a list that cannot run as written: refused */
+      } else {
+        sims++;
+        rc = cap__keep_if_faster(plan, next, p, &cfg->bw, limit, &kept);
       }
-      cap_plan_destroy(next);
       if (kept)
         break;
     }
