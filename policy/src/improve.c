@@ -371,7 +371,8 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
      * convolution's backward): then try half and a quarter of it, a
      * trigger after that op, which hides part of the copy. */
     cand_t cd = cands[i];
-    for (uint32_t part = 0; part < (how == EARLIER ? 3u : 1u) && !rc;
+    for (uint32_t part = 0;
+         part < (how == EARLIER && p->n_ops < CAP__SMALL_OPS ? 3u : 1u) && !rc;
          part++, cd.cost_ns /= 2) {
       cap_plan_t *next;
       rc = try_change(plan, p, cfg, &cd, how, &next);
