@@ -31,6 +31,8 @@ export CAP_TEST_TIME_SCALE=${CAP_TEST_TIME_SCALE_ASAN:-80}
 export CAPUCHIN_REPLAY_PLAN_WAIT_MS=${CAPUCHIN_REPLAY_PLAN_WAIT_MS:-60000}
 # The conformance matrix under the sanitizers: every trace at 50 %.
 export CAP_CONFORMANCE_BUDGETS=${CAP_CONFORMANCE_BUDGETS_ASAN:-50}
-# The planner against the lower bound's verdicts: one budget, both modes.
+# The planner against the lower bound's verdicts: one budget, both modes,
+# a transformer and a CNN (a plan takes about 15 s sanitized).
 export CAP_BOUND_PCTS=${CAP_BOUND_PCTS_ASAN:-50}
+export CAP_BOUND_TRACES=${CAP_BOUND_TRACES_ASAN:-bert_base vgg16}
 (cd build-asan && ctest --output-on-failure -j"$jobs" --timeout 900)

@@ -18,17 +18,20 @@
 #include "store.h"
 #include "testclient.h"
 
-/* The 1 s planning bound is for a product build; sanitizers slow planning ~10x. */
+/* The 1 s planning bound is for a product build (resnet50 at 50 %: about
+ * 0.4 s); sanitizers slow planning 20-40x, more on a loaded machine. */
 #if defined(__SANITIZE_ADDRESS__)
-#define PLAN_LIMIT_MS 10000
+#define PLAN_LIMIT_MS 60000
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define PLAN_LIMIT_MS 10000
+#define PLAN_LIMIT_MS 60000
 #endif
 #endif
 #ifndef PLAN_LIMIT_MS
 #define PLAN_LIMIT_MS 1000
 #endif
+/* How long a test waits for a plan the daemon computes. */
+#define PLAN_WAIT_MS (PLAN_LIMIT_MS > 10000 ? PLAN_LIMIT_MS : 10000)
 
 static tc_daemon_t D;
 static cap_profile_t *P;
@@ -73,7 +76,7 @@ static void test_measured_plan_within_1s(void) {
   CHECK(!w.plan_reused);
   REQUIRE(tc_send_iteration(&c, P, 1, true, 256) == 0);
   uint64_t t0 = tc_now_ms();
-  cap_plan_t *plan = tc_wait_plan(&c, 10000);
+  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
   uint64_t ms = tc_now_ms() - t0;
   REQUIRE(plan != NULL);
   printf("plan v%u with %u actions after %llu ms (predicted peak %llu, "
@@ -144,7 +147,7 @@ static void test_measured_plan_within_1s(void) {
   REQUIRE(cap_proto_feedback_to_msg(1, 2, &fb, 1, &fm) == 0);
   REQUIRE(tc_send_msg(&c, fm) == 0);
   cap_proto_msg_free(fm);
-  cap_plan_t *v2 = tc_wait_plan(&c, 10000);
+  cap_plan_t *v2 = tc_wait_plan(&c, PLAN_WAIT_MS);
   REQUIRE(v2 != NULL);
   CHECK_EQ(v2->version, 2);
   bool earlier = false;
@@ -168,7 +171,7 @@ static void test_measured_plan_within_1s(void) {
                                 0) == 0);
   REQUIRE(tc_send_iteration_end(&c, 4, P->iter_ns + 4000000, false, false, 2,
                                 0) == 0);
-  cap_plan_t *v3 = tc_wait_plan(&c, 10000);
+  cap_plan_t *v3 = tc_wait_plan(&c, PLAN_WAIT_MS);
   REQUIRE(v3 != NULL);
   CHECK_EQ(v3->version, 3);
   CHECK_EQ(v3->n_actions, plan->n_actions);
@@ -229,7 +232,7 @@ static void test_reuse_profile_for_other_budget(void) {
   tc_welcome_t w;
   REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
   CHECK(w.plan_reused);
-  cap_plan_t *plan = tc_wait_plan(&c, 10000);
+  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
   REQUIRE(plan != NULL);
   CHECK_EQ(plan->budget_bytes, budget);
   CHECK(plan->predicted_peak_bytes <= budget);
@@ -249,7 +252,7 @@ static void test_reuse_by_measured_signature(void) {
   REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
   CHECK(!w.plan_reused);
   REQUIRE(tc_send_iteration(&c, P, 1, true, 100) == 0);
-  cap_plan_t *plan = tc_wait_plan(&c, 10000);
+  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
   REQUIRE(plan != NULL);
   CHECK(cap_plan_validate(plan, P, NULL, 0) == 0);
   cap_plan_destroy(plan);
