@@ -35,4 +35,7 @@ export CAP_CONFORMANCE_BUDGETS=${CAP_CONFORMANCE_BUDGETS_ASAN:-50}
 # a transformer and a CNN (a plan takes about 15 s sanitized).
 export CAP_BOUND_PCTS=${CAP_BOUND_PCTS_ASAN:-50}
 export CAP_BOUND_TRACES=${CAP_BOUND_TRACES_ASAN:-bert_base vgg16}
+# The outsider's check of every planner's plans: at 50 % (all planners) and
+# 30 % (near the floor, persistent eviction) only.
+export CAP_OUTSIDER_BUDGETS=${CAP_OUTSIDER_BUDGETS_ASAN:-50 30}
 (cd build-asan && ctest --output-on-failure -j"$jobs" --timeout 900)
