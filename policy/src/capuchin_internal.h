@@ -263,7 +263,7 @@ int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
  * higher than limit at its peak, and valid, it takes plan's place
  * (contents swapped: the caller's pointer stays valid) and *kept is set;
  * one whose recompute list cannot run as written is refused. next is
- * destroyed either way (polish.c). Returns 0 or an error. */
+ * destroyed either way (improve.c). Returns 0 or an error. */
 int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
                         const cap_profile_t *p, const cap_bandwidth_t *bw,
                         uint64_t limit, bool *kept);

@@ -74,6 +74,22 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
          cap_plan_validate(next, p, NULL, 0) == 0;
 }
 
+int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
+                        const cap_profile_t *p, const cap_bandwidth_t *bw,
+                        uint64_t limit, bool *kept) {
+  bool ok;
+  int rc = simulate(next, p, bw, &ok);
+  *kept = ok && keep(next, plan, p, limit);
+  if (*kept) {
+    /* swap the contents: the caller's pointer stays valid */
+    cap_plan_t tmp = *plan;
+    *plan = *next;
+    *next = tmp;
+  }
+  cap_plan_destroy(next);
+  return rc;
+}
+
 /* Action a becomes a swap whose prefetch lands just in time on idle
  * engines (cap__earlier_trigger), `lead` ns earlier than that, on demand
  * when none can. */
@@ -530,18 +546,14 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
       break;
     }
     rc = cap__plan_merge_lists(next, ai, bi, SHARE_MAX_OPS);
-    bool ok = false;
-    if (!rc)
-      rc = simulate(next, p, &cfg->bw, &ok);
-    else if (rc == CAP_ENOENT)
-      rc = 0;
-    bool kept = ok && keep(next, plan, p, limit);
-    if (kept) {
-      cap_plan_t tmp = *plan;
-      *plan = *next;
-      *next = tmp;
+    bool kept = false;
+    if (!rc) {
+      rc = cap__keep_if_faster(plan, next, p, &cfg->bw, limit, &kept);
+    } else {
+      cap_plan_destroy(next);
+      if (rc == CAP_ENOENT)
+        rc = 0;
     }
-    cap_plan_destroy(next);
     /* the merged list now restores more: others may no longer run */
     if (kept && !rc) {
       free(runs);
@@ -610,15 +622,8 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
   make_swap(&next->actions[yi], p, cfg, 0);
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
-  bool ok = false;
   if (!rc)
-    rc = simulate(next, p, &cfg->bw, &ok);
-  if (ok && keep(next, plan, p, limit)) {
-    cap_plan_t tmp = *plan;
-    *plan = *next;
-    *next = tmp;
-    *kept = true;
-  }
+    return cap__keep_if_faster(plan, next, p, &cfg->bw, limit, kept);
   cap_plan_destroy(next);
   return rc;
 }

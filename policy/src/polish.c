@@ -51,25 +51,6 @@ int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
   return 0;
 }
 
-int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
-                        const cap_profile_t *p, const cap_bandwidth_t *bw,
-                        uint64_t limit, bool *kept) {
-  *kept = false;
-  int rc = cap__plan_predict(next, p, bw);
-  if (rc == CAP_EINVAL) {
-    rc = 0; /* a list that cannot run as written: refused */
-  } else if (!rc && next->predicted_peak_bytes <= limit &&
-             next->predicted_iter_ns < plan->predicted_iter_ns &&
-             cap_plan_validate(next, p, NULL, 0) == 0) {
-    cap_plan_t tmp = *plan;
-    *plan = *next;
-    *next = tmp;
-    *kept = true;
-  }
-  cap_plan_destroy(next);
-  return rc;
-}
-
 /* Advances tried, as fractions of the lateness: num / den. */
 static const int64_t adv_num[] = {1, 2, 1, 4, 1};
 static const int64_t adv_den[] = {1, 1, 2, 1, 4};
