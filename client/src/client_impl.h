@@ -293,6 +293,8 @@ typedef struct cap__xplan {
                              slots[slot_off[t] + k - 1] */
   cap__slot_t *slots;
   uint32_t *trig;         /* action indices */
+  uint32_t *op_acts;      /* room for n_actions: the open op's actions,
+                             issued in action order (executor.c) */
   uint8_t *fallback;      /* per action: carried out as swap (recompute
                              failed or unavailable) */
   uint8_t *replays;       /* per op seq: 1 when a recompute list carried

@@ -54,32 +54,61 @@ void cap__prefetch_pump(cap_client_t *c) {
   c->pf_pumping = false;
 }
 
-static void start_prefetches(cap_client_t *c, const cap__slot_t *s) {
-  for (uint32_t i = 0; i < s->n_trig; i++) {
-    uint32_t ai = c->x.trig[s->trig_off + i];
-    const cap_action_t *a = &c->x.plan->actions[ai];
-    cap__tensor_t *u = &c->tensors[a->tensor];
-    if (u->out_action == ai)
-      u->prefetch_due = 1;
-    if (u->state == CAP__T_OUT) {
-      /* Its swap-out is still running: finish it first (rare; the plan put
-       * the trigger before the swap-out's end). */
-      cap__retire_t *r = cap__retire_of(c, a->tensor);
-      if (!r)
-        continue;
-      int st = cap__ev_sync(c->dev, r->ev);
-      cap__retire_finish(c, r, st < 0 ? st : 1);
-      *r = c->retire[--c->n_retire];
-    }
-    if (u->state != CAP__T_HOST || u->out_action != ai)
-      continue;
-    /* A prefetch never evicts others: if it does not fit now it becomes an
-     * on-demand copy at the back-access. */
-    if (u->framework && (c->n_pf || h2d_busy(c)))
-      queue_prefetch(c, a->tensor);
-    else
-      (void)cap__swap_in_start(c, a->tensor, false);
+static void start_prefetch(cap_client_t *c, uint32_t ai) {
+  const cap_action_t *a = &c->x.plan->actions[ai];
+  cap__tensor_t *u = &c->tensors[a->tensor];
+  if (u->out_action == ai)
+    u->prefetch_due = 1;
+  if (u->state == CAP__T_OUT) {
+    /* Its swap-out is still running: finish it first (rare; the plan put
+     * the trigger before the swap-out's end). */
+    cap__retire_t *r = cap__retire_of(c, a->tensor);
+    if (!r)
+      return;
+    int st = cap__ev_sync(c->dev, r->ev);
+    cap__retire_finish(c, r, st < 0 ? st : 1);
+    *r = c->retire[--c->n_retire];
   }
+  if (u->state != CAP__T_HOST || u->out_action != ai)
+    return;
+  /* A prefetch never evicts others: if it does not fit now it becomes an
+   * on-demand copy at the back-access. */
+  if (u->framework && (c->n_pf || h2d_busy(c)))
+    queue_prefetch(c, a->tensor);
+  else
+    (void)cap__swap_in_start(c, a->tensor, false);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The open op's actions in c->x.op_acts, in action order: the order in
+ * which the simulator issues an op's prefetches, and the swap-outs after
+ * it (docs/plan-semantics.md). Each direction's copies run in issue order,
+ * so issuing them in another order makes a copy the plan expects done
+ * early wait behind a large one (a tensor's block the plan reuses then
+ * is not free yet). */
+static void sort_op_acts(cap_client_t *c, uint32_t n) {
+  if (n > 1)
+    qsort(c->x.op_acts, n, sizeof *c->x.op_acts, cmp_u32);
+}
+
+static void start_prefetches(cap_client_t *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->op_n_unique; i++) {
+    uint32_t id = c->op_ids[i];
+    const cap__slot_t *s = cap__slot_at(&c->x, id, c->tensors[id].n_access + 1);
+    if (s && s->n_trig) {
+      memcpy(c->x.op_acts + n, c->x.trig + s->trig_off,
+             s->n_trig * sizeof *c->x.op_acts);
+      n += s->n_trig;
+    }
+  }
+  sort_op_acts(c, n);
+  for (uint32_t i = 0; i < n; i++)
+    start_prefetch(c, c->x.op_acts[i]);
 }
 
 int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
@@ -149,14 +178,9 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
         goto out_unpin;
     }
   }
-  if (c->x.plan && c->mode == CAP_MODE_GUIDED) {
-    for (uint32_t i = 0; i < nu; i++) {
-      const cap__slot_t *s =
-          cap__slot_at(&c->x, c->op_ids[i], c->tensors[c->op_ids[i]].n_access + 1);
-      if (s && s->n_trig)
-        start_prefetches(c, s);
-    }
-  }
+  c->op_n_unique = nu;
+  if (c->x.plan && c->mode == CAP_MODE_GUIDED)
+    start_prefetches(c);
   for (uint32_t i = 0; i < nu; i++) {
     cap__tensor_t *t = &c->tensors[c->op_ids[i]];
     t->n_access++;
@@ -217,18 +241,24 @@ int cap__op_end(cap_client_t *c) {
   c->op_open = false;
   c->op_seq++;
   bool guided = c->x.plan && c->mode == CAP_MODE_GUIDED;
+  uint32_t n = 0;
   for (uint32_t i = 0; i < c->op_n_unique; i++) {
     uint32_t id = c->op_ids[i];
     cap__tensor_t *t = &c->tensors[id];
     if (t->pinned)
       t->pinned--;
-    if (!guided)
-      continue;
-    const cap__slot_t *s = cap__slot_at(&c->x, id, t->n_access);
-    if (!s || s->evict == CAP_NONE || t->state != CAP__T_DEVICE || t->pinned)
-      continue;
-    uint32_t ai = s->evict;
+    const cap__slot_t *s = guided ? cap__slot_at(&c->x, id, t->n_access) : NULL;
+    if (s && s->evict != CAP_NONE)
+      c->x.op_acts[n++] = s->evict;
+  }
+  sort_op_acts(c, n);
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t ai = c->x.op_acts[i];
     const cap_action_t *a = &c->x.plan->actions[ai];
+    uint32_t id = a->tensor;
+    cap__tensor_t *t = &c->tensors[id];
+    if (t->state != CAP__T_DEVICE || t->pinned)
+      continue;
     if (t->framework && t->persistent && !t->evictable) {
       /* The framework cannot give up this weight's memory (framework.h,
        * cap_client_set_evictable): kept on the device, a fallback. */

@@ -16,6 +16,7 @@ void cap__x_clear(cap_client_t *c) {
   free(x->slot_off);
   free(x->slots);
   free(x->trig);
+  free(x->op_acts);
   free(x->fallback);
   free(x->replays);
   free(x->block_of);
@@ -192,7 +193,9 @@ int cap__x_install(cap_client_t *c, cap_plan_t *plan) {
   x.slot_off[nt] = (uint32_t)total;
   x.slots = malloc((total ? total : 1) * sizeof *x.slots);
   x.trig = malloc((plan->n_actions ? plan->n_actions : 1) * sizeof *x.trig);
-  if (!x.slots || !x.trig)
+  x.op_acts =
+      malloc((plan->n_actions ? plan->n_actions : 1) * sizeof *x.op_acts);
+  if (!x.slots || !x.trig || !x.op_acts)
     goto out;
   for (uint64_t s = 0; s < total; s++)
     x.slots[s] = (cap__slot_t){CAP_NONE, 0, 0};
@@ -239,6 +242,7 @@ out:
   free(x.slot_off);
   free(x.slots);
   free(x.trig);
+  free(x.op_acts);
   free(x.fallback);
   free(x.replays);
   free(x.block_of);
