@@ -9,7 +9,8 @@ restore of gap g = (T, access a -> b) is charged dur(p) (as there) PLUS dur(q) f
 in-place writer q of T with p < q <= a: an op listing T as input and output whose ATen name
 ends in '_' (policy/src/profile.c name_is_inplace; view ops are not writers). These are the
 ops cap_plan_validate demands in T's list ("every op that wrote T ... up to the
-evicted-access"); writes after a belong to later versions and are not charged.  Only
+evicted-access"); writes after a belong to later versions and are not charged.  (A writer
+listing T only as output would be a second fresh writer, which lower_bound.py refuses.)  Only
 "exclusive" writers are charged: q that writes no other tensor a replay could restore (no
 fresh activation output, no other activation written in place).  Writers shared with another
 tensor (batch norm updating its running statistics while producing its output) are left out,
@@ -31,6 +32,8 @@ reproduce the version read) but the simulator accepts it.  The bound here holds 
 accepted plan whose restores all reproduce the version read at the back-access (every list
 the planners build from cap__lineage replays the writers of each tensor it brings back);
 for an accepted plan that breaks this, lower_bound.py's bound still holds and this one may not.
+Capuchin's own plans keep it: at every CNN and vgg16 budget of bench_bound, both modes, no list
+restores a dropped tensor without the writers charged here (capuchin-sim --emit-plan, checked).
 Still ignored: replay inputs that are evicted or modified (fetch/replay of sources).
 """
 import json
@@ -161,7 +164,7 @@ def compare(bound_path, tight_path, cap_path):
             fl[0].append(cv / tv); fl[1].append(cv / lbv); fl[2].append(tv / lbv)
     if ratios:
         print(f'capuchin / tight over {len(ratios)} cells with a bound > 0: median '
-              f'{statistics.median(ratios):.2f}x, worst {max(ratios):.2f}x')
+              f'{statistics.median(ratios):.3f}x, worst {max(ratios):.2f}x')
     for name, (rt, rl, rise) in sorted(by_fam.items()):
         print(f'{name}: {len(rt)} cells, bound rises median {statistics.median(rise):.2f}x '
               f'(max {max(rise):.2f}x); capuchin/bound median {statistics.median(rl):.2f}x, '
