@@ -3,6 +3,7 @@
 
 usage: lower_bound_tight.py TRACE [any lower_bound.py option]     (same rows, same --json)
        lower_bound_tight.py --compare BOUND.jsonl TIGHT.jsonl CAPUCHIN.jsonl  (bench_bound --jsonl)
+       lower_bound_tight.py --check-plan TRACE PLAN.json   (capuchin-sim --emit-plan: the ASSUMPTION)
 
 Imports /work/shared/tools/lower_bound.py (or $LOWER_BOUND_DIR) and changes one thing: a
 restore of gap g = (T, access a -> b) is charged dur(p) (as there) PLUS dur(q) for every
@@ -33,7 +34,7 @@ accepted plan whose restores all reproduce the version read at the back-access (
 the planners build from cap__lineage replays the writers of each tensor it brings back);
 for an accepted plan that breaks this, lower_bound.py's bound still holds and this one may not.
 Capuchin's own plans keep it: at every CNN and vgg16 budget of bench_bound, both modes, no list
-restores a dropped tensor without the writers charged here (capuchin-sim --emit-plan, checked).
+restores a dropped tensor without the writers charged here (--check-plan on each plan).
 Still ignored: replay inputs that are evicted or modified (fetch/replay of sources).
 """
 import json
@@ -129,6 +130,30 @@ class TightBound(lb.LowerBound):
                 yield g
 
 
+def check_plan(trace, plan_path):
+    """Lists of a plan that restore a dropped tensor (their own, or a by-product: a fresh output
+    of a listed op whose drop gap holds the list's back-access) without its charged writers."""
+    tr = lb.Trace(trace)
+    b = TightBound(tr)
+    lists = [a for a in json.load(open(plan_path))['actions']
+             if a['method'] == 'recompute' and a['recompute_ops']]
+    gap = lambda a: tr.acc[a['tensor']][a['evict_after_access'] - 1:][:2]  # noqa: E731
+    drops = defaultdict(list)
+    for a in lists:
+        drops[a['tensor']].append(gap(a))
+    n_by = bad = 0
+    for a in lists:
+        L, (_, back) = set(a['recompute_ops']), gap(a)
+        todo = [(a['tensor'], gap(a)[0])]
+        for op in a['recompute_ops']:
+            for y in tr.fresh[op]:
+                todo += [(y, ay) for ay, by in drops.get(y, []) if y != a['tensor'] and ay < back <= by]
+        n_by += len(todo) - 1
+        bad += sum(any(q <= ay and q not in L for q in b.excl.get(y, ())) for y, ay in todo)
+    print(f'{len(lists)} lists, {n_by} by-product restores, {bad} restores missing a charged writer')
+    return 1 if bad else 0
+
+
 def compare(bound_path, tight_path, cap_path):
     key = lambda t, ep, p: (t, bool(ep), float(p))  # noqa: E731
     rows = {}
@@ -174,6 +199,8 @@ def compare(bound_path, tight_path, cap_path):
 if __name__ == '__main__':
     if len(sys.argv) == 5 and sys.argv[1] == '--compare':
         compare(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == '--check-plan':
+        sys.exit(check_plan(*sys.argv[2:]))
     else:
         lb.LowerBound = TightBound               # main() builds the LP through this name
         lb.main()
