@@ -30,7 +30,8 @@ free, every dropped output of a listed op (a tensor T' whose producer is in anot
 list) and checks nothing about T''s in-place writers there.  A by-product restore that skips
 them hands T''s back-access the wrong value: the plan is wrong (FORMAT.md: a replay must
 reproduce the version read) but the simulator accepts it.  The bound here holds for every
-accepted plan whose restores all reproduce the version read at the back-access; for an accepted plan that breaks this, lower_bound.py's bound still holds and this one may not.
+accepted plan whose restores all reproduce the version read at the back-access; for an
+accepted plan that breaks this, lower_bound.py's bound still holds and this one may not.
 Capuchin's own plans keep it: at every CNN and vgg16 budget of bench_bound, both modes, no list
 restores a dropped tensor without the writers charged here (--check-plan on each plan).
 Still ignored: replay inputs that are evicted or modified (fetch/replay of sources).
