@@ -48,6 +48,7 @@
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 #define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
 #define SUBST_SIMS 32u /* simulations of the late-swap substitution */
+#define MANY_TRIES 16u /* replays the exchange for several swaps tries */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
@@ -1033,6 +1034,15 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     /* the moved prefetches change what the search's moves see */
     if (!rc)
       rc = search_repeated(best, p, cfg, tries / 4);
+  }
+  /* last: every pass before keeps its path (a plan made faster earlier
+   * may end slower); each change here is kept only when faster, then the
+   * search once more on what it moved */
+  if (!rc && p->n_ops < CAP__SMALL_OPS) {
+    int64_t before = best->predicted_iter_ns;
+    rc = cap__exchange_many(best, p, cfg, MANY_TRIES);
+    if (!rc && best->predicted_iter_ns < before)
+      rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
   }
   if (rc) {
     cap_plan_destroy(best);
