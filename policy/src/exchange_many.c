@@ -1,11 +1,12 @@
 /*
- * Replays and swaps exchanged several for one.
+ * Replays and swaps exchanged, one or several for one.
  *
  * On the CNNs the D2H engine is busy up to the memory peak, so which bytes
  * it carries decides how much is replayed. The exchange of improve.c gives
- * a costly replay the copy-engine time of one swap at least as large; a
- * replay larger than any single swap that is cheap to replay has no
- * partner there. Here, for each of the costliest replays Y, the swaps
+ * a costly replay the copy-engine time of one swap at least as large,
+ * simulated once; a replay larger than any single swap that is cheap to
+ * replay has no partner there, and a new prefetch just in time often comes
+ * late (below). Here, for each of the costliest replays Y, the swaps
  * cheapest to replay per byte (their lineage, sources taken as on the
  * device) are taken, those copied out no later than Y first, then any,
  * until their bytes cover Y's, while their replay time stays under Y's
@@ -221,8 +222,8 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
         bytes += p->tensors[xs[j].tensor].bytes;
         pick[n++] = &xs[j];
       }
-      if (bytes < y_bytes || n < 2)
-        continue; /* one swap: improve.c's exchange */
+      if (bytes < y_bytes || !n)
+        continue;
       rc = try_many(plan, p, cfg, &lin, pick, n, &y, 1, limit, &kept);
     }
   }
@@ -245,7 +246,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
       bytes += b;
       pick[n++] = &zs[j];
     }
-    if (n < 2 || ns <= xs[i].ns)
+    if (!n || ns <= xs[i].ns)
       continue;
     const item_t *x = &xs[i];
     bool kept;
