@@ -48,6 +48,8 @@
 #define SEARCH_MIN_TRIES 16u /* the search is not repeated with fewer */
 #define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
 #define SUBST_SIMS 32u /* simulations of the late-swap substitution */
+#define MANY_TRIES 16u /* replays, and swaps, each exchange pass tries */
+#define MANY_PASSES 3u /* its passes, each with a search after */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
@@ -1033,6 +1035,19 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     /* the moved prefetches change what the search's moves see */
     if (!rc)
       rc = search_repeated(best, p, cfg, tries / 4);
+  }
+  /* replays and swaps exchanged one or several for one (exchange_many.c),
+   * last: every pass before keeps its path (a plan made faster earlier
+   * may end slower); each change is kept only when faster, and each pass
+   * that keeps one is followed by the search, on what it moved, and by
+   * another pass */
+  for (uint32_t pass = 0;
+       !rc && p->n_ops < CAP__SMALL_OPS && pass < MANY_PASSES; pass++) {
+    int64_t before = best->predicted_iter_ns;
+    rc = cap__exchange_many(best, p, cfg, MANY_TRIES);
+    if (rc || best->predicted_iter_ns >= before)
+      break;
+    rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
   }
   if (rc) {
     cap_plan_destroy(best);

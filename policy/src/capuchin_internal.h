@@ -283,6 +283,15 @@ int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
 int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
                          const cap_plan_config_t *cfg, uint32_t max_sims);
 
+/* For each of the costliest replays of plan (at most max_tries), the swaps
+ * cheapest to replay per byte whose bytes together cover it are replayed
+ * instead and it is swapped; for each swap cheapest to replay per byte, the
+ * replays costliest per byte that fit in its bytes are swapped and it is
+ * replayed. Keeps each change that the simulator finds faster, no higher
+ * at its peak, and valid (exchange_many.c). Returns 0 or an error. */
+int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and

@@ -1,0 +1,261 @@
+/*
+ * Replays and swaps exchanged, one or several for one.
+ *
+ * On the CNNs the D2H engine is busy up to the memory peak, so which bytes
+ * it carries decides how much is replayed. The exchange of improve.c gives
+ * a costly replay the copy-engine time of one swap at least as large,
+ * simulated once; a replay larger than any single swap that is cheap to
+ * replay has no partner there, and a new prefetch just in time often comes
+ * late (below). Here, for each of the costliest replays Y, the swaps
+ * cheapest to replay per byte (their lineage, sources taken as on the
+ * device) are taken, those copied out no later than Y first, then any,
+ * until their bytes cover Y's, while their replay time stays under Y's
+ * (mobilenet_v2 at 50 %: a 110 MiB batch-norm output, 0.33 ms to replay, is
+ * swapped in place of two smaller swaps). The other way round, each swap
+ * cheap to replay per byte is replayed and the replays costliest per byte
+ * that fit in its bytes are swapped. The swaps replay their lineage
+ * (cap__plan_make_explicit rebuilds what is off the device), the replays
+ * are swapped with their prefetch just in time on idle engines.
+ *
+ * A new prefetch just in time queues behind the others that come back at
+ * the end of the backward pass, and small ones behind it come late (a
+ * batch-norm statistic of 256 bytes 3 ms late behind a 196 MiB tensor): a
+ * change is simulated, and while it is not kept, every late prefetch starts
+ * its lateness earlier and it is simulated again, a few rounds. It is kept
+ * when the simulator finds it faster, no higher at its peak, and valid.
+ */
+#include <stdlib.h>
+
+#include "capuchin/error.h"
+#include "capuchin_internal.h"
+#include "planners.h"
+
+#define LINEAGE_MAX_OPS 16u /* longest lineage a swap may turn into */
+#define LATE_ROUNDS 8u      /* simulations per exchange, at most */
+#define MANY_MAX 8u         /* actions exchanged for one */
+
+typedef struct {
+  double key; /* ranking, ascending */
+  int64_t ns; /* replay time (a swap: of its lineage) */
+  uint32_t tensor, k;
+} item_t;
+
+static int cmp_item(const void *a, const void *b) {
+  const item_t *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  if (x->tensor != y->tensor)
+    return x->tensor < y->tensor ? -1 : 1;
+  return x->k < y->k ? -1 : x->k > y->k;
+}
+
+static uint32_t find_action(const cap_plan_t *plan, uint32_t tensor,
+                            uint32_t k) {
+  for (uint32_t i = 0; i < plan->n_actions; i++)
+    if (plan->actions[i].tensor == tensor &&
+        plan->actions[i].evict_after_access == k)
+      return i;
+  return CAP_NONE;
+}
+
+/* Replay time of the lineage of swap action a with its sources taken as on
+ * the device, -1 when it has none; the list is left in l. */
+static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                      const cap_action_t *a, int64_t *ns) {
+  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
+  uint32_t back =
+      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
+  *ns = -1;
+  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, LINEAGE_MAX_OPS);
+  if (rc == CAP_ENOENT)
+    return 0;
+  if (rc)
+    return rc;
+  *ns = 0;
+  for (uint32_t i = 0; i < l->n_ops; i++)
+    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
+  return 0;
+}
+
+/* The swaps xs[0 .. nx) replayed and the replays ys[0 .. ny) swapped, in a
+ * copy of plan; kept (plan holds it) when the simulator accepts it. */
+static int try_many(cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                    const item_t *const *xs, uint32_t nx,
+                    const item_t *const *ys, uint32_t ny, uint64_t limit,
+                    bool *kept) {
+  *kept = false;
+  cap_plan_t *next = cap_plan_clone(plan);
+  if (!next)
+    return CAP_ENOMEM;
+  int rc = 0;
+  for (uint32_t i = 0; i < nx && !rc; i++) {
+    uint32_t xi = find_action(next, xs[i]->tensor, xs[i]->k);
+    int64_t ns;
+    rc = lineage_ns(lin, p, &next->actions[xi], &ns);
+    if (!rc && ns < 0)
+      rc = CAP_ENOENT; /* no lineage: nothing to exchange */
+    if (rc)
+      break;
+    cap_action_t *x = &next->actions[xi];
+    x->method = CAP_METHOD_RECOMPUTE;
+    x->flags = 0;
+    x->prefetch_tensor = CAP_NONE;
+    x->prefetch_access = 0;
+    rc = cap__plan_set_list(next, xi, lin->ops, lin->n_ops);
+  }
+  uint32_t tt, ta;
+  for (uint32_t i = 0; i < ny && !rc; i++) {
+    cap_action_t *a =
+        &next->actions[find_action(next, ys[i]->tensor, ys[i]->k)];
+    a->method = CAP_METHOD_SWAP;
+    a->recompute_off = a->n_recompute = 0;
+    a->flags = 0;
+    a->prefetch_tensor = CAP_NONE;
+    a->prefetch_access = 0;
+    int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
+    if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
+      a->prefetch_tensor = tt;
+      a->prefetch_access = ta;
+    }
+  }
+  if (!rc)
+    rc = cap__plan_make_explicit(next, p, NULL);
+  for (uint32_t round = 0; !rc && round < LATE_ROUNDS; round++) {
+    cap_sim_result_t r;
+    rc = cap_sim_run(p, next, &cfg->bw, &r);
+    if (rc)
+      break;
+    next->predicted_iter_ns = r.iter_ns;
+    next->predicted_peak_bytes = r.peak_bytes;
+    if (next->predicted_peak_bytes <= limit &&
+        next->predicted_iter_ns < plan->predicted_iter_ns &&
+        cap_plan_validate(next, p, NULL, 0) == 0) {
+      cap_sim_result_close(&r);
+      cap_plan_t tmp = *plan;
+      *plan = *next;
+      *next = tmp;
+      *kept = true;
+      break;
+    }
+    /* a prefetch just in time may queue behind another one coming back
+     * at the end of the backward pass (the small batch-norm statistics
+     * behind Y's): start each late one its lateness earlier */
+    bool moved = false;
+    for (uint32_t i = 0; i < r.n_prefetches; i++) {
+      cap_action_t *pa = &next->actions[r.prefetches[i].action];
+      if (r.prefetches[i].late_ns > 0 &&
+          cap__earlier_trigger(p, pa, r.prefetches[i].late_ns,
+                               cfg->trigger_margin_ns, &tt, &ta)) {
+        moved |= pa->prefetch_tensor != tt || pa->prefetch_access != ta;
+        pa->prefetch_tensor = tt;
+        pa->prefetch_access = ta;
+      }
+    }
+    cap_sim_result_close(&r);
+    if (!moved)
+      break;
+  }
+  cap_plan_destroy(next);
+  return rc == CAP_ENOENT || rc == CAP_EINVAL ? 0 : rc;
+}
+
+int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  uint64_t limit = plan->predicted_peak_bytes;
+  uint32_t n_act = plan->n_actions;
+  item_t *ys = malloc(((size_t)n_act + 1) * sizeof *ys);
+  item_t *xs = malloc(((size_t)n_act + 1) * sizeof *xs);
+  item_t *zs = malloc(((size_t)n_act + 1) * sizeof *zs);
+  const item_t **pick = malloc(((size_t)n_act + 1) * sizeof *pick);
+  cap__lineage_t lin = {0};
+  int rc = ys && xs && zs && pick ? 0 : CAP_ENOMEM;
+  uint32_t ny = 0, nx = 0, nz = 0;
+  for (uint32_t i = 0; i < n_act && !rc; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (cap_action_is_release(a))
+      continue;
+    uint64_t bytes = p->tensors[a->tensor].bytes;
+    if (a->method == CAP_METHOD_RECOMPUTE) {
+      int64_t ns = cap__replay_ns(plan, p, a);
+      ys[ny++] = (item_t){-(double)ns, ns, a->tensor, a->evict_after_access};
+      if (bytes && ns > 0)
+        zs[nz++] = (item_t){-(double)ns / (double)bytes, ns, a->tensor,
+                            a->evict_after_access};
+      continue;
+    }
+    int64_t ns;
+    rc = lineage_ns(&lin, p, a, &ns);
+    if (!rc && ns >= 0 && bytes)
+      xs[nx++] = (item_t){(double)ns / (double)bytes, ns, a->tensor,
+                          a->evict_after_access};
+  }
+  if (!rc) {
+    qsort(ys, ny, sizeof *ys, cmp_item);
+    qsort(xs, nx, sizeof *xs, cmp_item);
+    qsort(zs, nz, sizeof *zs, cmp_item);
+  }
+  /* one costly replay swapped, several swaps cheap to replay per byte
+   * replayed: first those copied out no later than it, then any */
+  for (uint32_t i = 0; i < ny && i < max_tries && !rc; i++) {
+    uint32_t yi = find_action(plan, ys[i].tensor, ys[i].k);
+    if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
+      continue;
+    uint64_t y_bytes = p->tensors[ys[i].tensor].bytes;
+    uint32_t y_out = cap_profile_access_op(p, ys[i].tensor, ys[i].k);
+    const item_t *y = &ys[i];
+    bool kept = false;
+    for (int before = 1; before >= 0 && !kept && !rc; before--) {
+      uint64_t bytes = 0;
+      int64_t ns = 0;
+      uint32_t n = 0;
+      for (uint32_t j = 0; j < nx && bytes < y_bytes && n < MANY_MAX; j++) {
+        uint32_t xi = find_action(plan, xs[j].tensor, xs[j].k);
+        if (xi == CAP_NONE || plan->actions[xi].method != CAP_METHOD_SWAP ||
+            (before &&
+             cap_profile_access_op(p, xs[j].tensor, xs[j].k) > y_out) ||
+            ns + xs[j].ns >= y->ns)
+          continue;
+        ns += xs[j].ns;
+        bytes += p->tensors[xs[j].tensor].bytes;
+        pick[n++] = &xs[j];
+      }
+      if (bytes < y_bytes || !n)
+        continue;
+      rc = try_many(plan, p, cfg, &lin, pick, n, &y, 1, limit, &kept);
+    }
+  }
+  /* one swap cheap to replay per byte replayed, the replays costliest per
+   * byte that fit in its bytes swapped */
+  for (uint32_t i = 0; i < nx && i < max_tries && !rc; i++) {
+    uint32_t xi = find_action(plan, xs[i].tensor, xs[i].k);
+    if (xi == CAP_NONE || plan->actions[xi].method != CAP_METHOD_SWAP)
+      continue;
+    uint64_t x_bytes = p->tensors[xs[i].tensor].bytes, bytes = 0;
+    int64_t ns = 0;
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < nz && n < MANY_MAX; j++) {
+      uint32_t zi = find_action(plan, zs[j].tensor, zs[j].k);
+      uint64_t b = p->tensors[zs[j].tensor].bytes;
+      if (zi == CAP_NONE || plan->actions[zi].method != CAP_METHOD_RECOMPUTE ||
+          bytes + b > x_bytes)
+        continue;
+      ns += zs[j].ns;
+      bytes += b;
+      pick[n++] = &zs[j];
+    }
+    if (!n || ns <= xs[i].ns)
+      continue;
+    const item_t *x = &xs[i];
+    bool kept;
+    rc = try_many(plan, p, cfg, &lin, &x, 1, pick, n, limit, &kept);
+  }
+  cap__lineage_close(&lin);
+  free(ys);
+  free(xs);
+  free(zs);
+  free(pick);
+  return rc;
+}
