@@ -40,8 +40,10 @@ static cap_plan_t *PLAN1;
 
 static long long count(const char *sql) {
   cap_store_t *s = NULL;
-  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0)
+  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0) {
+    fprintf(stderr, "store: %s\n", cap_store_last_error());
     return -1;
+  }
   sqlite3_stmt *st = NULL;
   long long n = -1;
   if (sqlite3_prepare_v2(cap_store_db(s), sql, -1, &st, NULL) == SQLITE_OK &&
@@ -101,7 +103,9 @@ static void test_measured_plan_within_1s(void) {
 
   /* Stored: profile and plan, found by signature and budget. */
   cap_store_t *s = NULL;
-  REQUIRE(cap_store_open(D.db, CAP_STORE_READONLY, &s) == 0);
+  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0)
+    fprintf(stderr, "store: %s\n", cap_store_last_error());
+  REQUIRE(s != NULL);
   int64_t prof = 0, pl = 0;
   uint64_t sig = cap_profile_signature(P);
   CHECK(cap_store_profile_find(s, sig, &prof) == 0);

@@ -27,7 +27,7 @@ static int op(cap_client_t *c, const uint32_t *in, uint32_t n_in,
 
 /* op0: w -> x, y   op1: w -> z (z freed)   op2: w   op3: x, y */
 static int iteration(cap_client_t *c, uint32_t w, cap_iter_stats_t *st) {
-  uint32_t x, y, z;
+  uint32_t x = CAP_NONE, y = CAP_NONE, z = CAP_NONE;
   int rc = cap_client_iteration_begin(c);
   rc = rc ? rc : cap_client_declare(c, 8 * MIB, &x);
   rc = rc ? rc : cap_client_declare(c, 64 * KIB, &y);
