@@ -49,6 +49,7 @@
 #define POLISH_SIMS 64u /* simulations of the last pass on late prefetches */
 #define SUBST_SIMS 32u /* simulations of the late-swap substitution */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
+#define GROUP_OPS 8u     /* multi-output ops the group move replays whole */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -1034,6 +1035,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
     if (!rc)
       rc = search_repeated(best, p, cfg, tries / 4);
   }
+  /* multi-output ops replayed whole (group.c), last: the passes above,
+   * run on its plan instead, can end slower. Short profiles only. */
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
   if (rc) {
     cap_plan_destroy(best);
     return rc;
