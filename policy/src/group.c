@@ -25,6 +25,7 @@
 #define GROUP_SWAP_TRIES 4u /* costliest replays tried as swaps per step */
 #define BLOCKER_LATE 4u     /* late prefetches whose blockers are moved */
 #define BLOCKERS 3u         /* prefetches issued before one, tried earlier */
+#define GROUP_POLISH_SIMS 16u /* trigger polish on a step that is no slower */
 
 typedef struct {
   double key; /* bytes per ns of the op */
@@ -288,34 +289,48 @@ int cap__group_replays(cap_plan_t *plan, const cap_profile_t *p,
   if (n && !cur)
     rc = CAP_ENOMEM;
   for (uint32_t g = 0; g < n && !rc; g++) {
-    rc = drop_group(cur, p, cfg, gs[g].op);
-    if (rc)
-      break;
-    cap_plan_t *trial = cap_plan_clone(cur);
-    if (!trial) {
+    cap_plan_t *prev = cap_plan_clone(cur);
+    if (!prev) {
       rc = CAP_ENOMEM;
       break;
     }
-    rc = cap__plan_make_explicit(trial, p, NULL);
+    rc = drop_group(cur, p, cfg, gs[g].op);
+    cap_plan_t *trial = rc ? NULL : cap_plan_clone(cur);
+    if (!rc && !trial)
+      rc = CAP_ENOMEM;
+    if (!rc)
+      rc = cap__plan_make_explicit(trial, p, NULL);
     if (!rc)
       rc = cap__plan_predict(trial, p, &cfg->bw);
     if (rc) {
       cap_plan_destroy(trial);
+      cap_plan_destroy(prev);
       rc = rc == CAP_EINVAL ? 0 : rc;
       continue;
     }
     rc = replays_to_swaps(trial, p, cfg, limit);
-    /* the search only on a step that is already faster: most steps are
-     * not (bert_base's layer norms), and the search is the dear part */
+    /* the search only on a step that is no slower already: most steps are
+     * slower (bert_base's dropouts), and the search is the dear part */
     int64_t to_beat = best ? best->predicted_iter_ns : plan->predicted_iter_ns;
-    if (!rc && trial->predicted_peak_bytes <= limit &&
-        trial->predicted_iter_ns < to_beat) {
+    bool fits = trial->predicted_peak_bytes <= limit;
+    if (!rc && fits && trial->predicted_iter_ns <= to_beat) {
       rc = cap__plan_improve(trial, p, cfg, tries);
       if (!rc)
         rc = advance_blockers(trial, p, cfg, limit);
+      if (!rc)
+        rc = cap__polish_triggers(trial, p, cfg, GROUP_POLISH_SIMS);
     }
-    if (!rc && trial->predicted_peak_bytes <= limit &&
-        trial->predicted_iter_ns < to_beat &&
+    /* a step that fits and is slower is left out of the next ones; one
+     * over the peak stays (the next group may make room: vgg16's first
+     * pool's output lengthens the second convolution's list until the
+     * second pool is dropped too) */
+    if (!rc && fits && trial->predicted_iter_ns > to_beat) {
+      cap_plan_t tmp = *cur;
+      *cur = *prev;
+      *prev = tmp;
+    }
+    cap_plan_destroy(prev);
+    if (!rc && fits && trial->predicted_iter_ns < to_beat &&
         cap_plan_validate(trial, p, NULL, 0) == 0) {
       cap_plan_destroy(best);
       best = trial;
