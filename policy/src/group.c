@@ -12,9 +12,13 @@
  * dropped over its longest access gap and replayed by that op (the plan
  * made explicit), cumulatively; what each step frees goes to the costliest
  * replays, tried as swaps with prefetches just in time and a whole copy
- * earlier (kept when faster and no higher than the plan's peak), then the
- * local search runs on it. The best plan seen is kept when it is faster
- * than the plan, no higher at its peak, and valid.
+ * earlier (kept when faster and no higher than the plan's peak). A step
+ * then at most 1/GROUP_SLACK slower than the best plan so far gets the
+ * local search, the prefetches issued just before its late ones started
+ * earlier (the H2D engine is a FIFO) and a short trigger polish; a step
+ * that fits and is still slower is left out of the next steps. The best
+ * plan seen replaces the plan when it is faster, no higher at its peak,
+ * and valid.
  */
 #include <stdlib.h>
 
@@ -25,7 +29,8 @@
 #define GROUP_SWAP_TRIES 4u /* costliest replays tried as swaps per step */
 #define BLOCKER_LATE 4u     /* late prefetches whose blockers are moved */
 #define BLOCKERS 3u         /* prefetches issued before one, tried earlier */
-#define GROUP_POLISH_SIMS 16u /* trigger polish on a step that is no slower */
+#define GROUP_POLISH_SIMS 16u /* trigger polish on a step searched */
+#define GROUP_SLACK 20 /* a step 1/20 slower than the best is searched */
 
 typedef struct {
   double key; /* bytes per ns of the op */
@@ -309,11 +314,13 @@ int cap__group_replays(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     }
     rc = replays_to_swaps(trial, p, cfg, limit);
-    /* the search only on a step that is no slower already: most steps are
-     * slower (bert_base's dropouts), and the search is the dear part */
+    /* the search only on a step at most 1/GROUP_SLACK slower already: the
+     * search is the dear part, and most steps are much slower (bert_base's
+     * dropouts) */
     int64_t to_beat = best ? best->predicted_iter_ns : plan->predicted_iter_ns;
     bool fits = trial->predicted_peak_bytes <= limit;
-    if (!rc && fits && trial->predicted_iter_ns <= to_beat) {
+    if (!rc && fits &&
+        trial->predicted_iter_ns <= to_beat + to_beat / GROUP_SLACK) {
       rc = cap__plan_improve(trial, p, cfg, tries);
       if (!rc)
         rc = advance_blockers(trial, p, cfg, limit);
