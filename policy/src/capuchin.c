@@ -51,6 +51,7 @@
 #define MANY_TRIES 16u /* replays, and swaps, each exchange pass tries */
 #define MANY_PASSES 3u /* its passes, each with a search after */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
+#define GROUP_OPS 8u     /* multi-output ops the group move replays whole */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -1049,6 +1050,10 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
       break;
     rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
   }
+  /* multi-output ops replayed whole (group.c), last: the passes above,
+   * run on its plan instead, can end slower. Short profiles only. */
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

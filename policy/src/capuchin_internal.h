@@ -292,6 +292,16 @@ int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
 int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* The ops with two or more evictable outputs, cheapest per byte first (at
+ * most max_groups): each, cumulatively, has every output dropped over its
+ * longest access gap and replayed whole; the costliest replays then try
+ * swaps in the memory that frees, and the local search (tries) runs; the
+ * fastest plan seen replaces plan when it is faster, no higher at its
+ * peak, and valid (group.c). Returns 0 or an error. */
+int cap__group_replays(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_groups,
+                       uint32_t tries);
+
 /* --- recompute lists, MSPS (msps.c) --------------------------------------- */
 /* Build the recompute list of gap g under the choices so far into c->list
  * (op seqs ascending). Returns 0 with *cost_ns (replay time) and
