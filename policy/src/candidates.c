@@ -73,17 +73,23 @@ void cap__memtree_add(cap__memtree_t *t, uint32_t lo, uint32_t hi,
   mt_add(t, 1, 0, t->n, lo, hi, delta);
 }
 
+/* Max over [a, b) within node's range [lo, hi), which [a, b) overlaps
+ * without covering it; a child is entered only when the range cuts it (the
+ * planner asks hundreds of thousands of these on a long profile). */
 static int64_t mt_max(const cap__memtree_t *t, uint32_t node, uint32_t lo,
                       uint32_t hi, uint32_t a, uint32_t b) {
-  if (b <= lo || hi <= a)
-    return INT64_MIN;
-  if (a <= lo && hi <= b)
-    return t->mx[node];
   uint32_t mid = lo + (hi - lo) / 2;
-  int64_t l = mt_max(t, 2 * node, lo, mid, a, b);
-  int64_t r = mt_max(t, 2 * node + 1, mid, hi, a, b);
-  int64_t m = l > r ? l : r;
-  return m == INT64_MIN ? m : m + t->lz[node];
+  int64_t m = INT64_MIN;
+  if (a < mid)
+    m = a <= lo && mid <= b ? t->mx[2 * node]
+                            : mt_max(t, 2 * node, lo, mid, a, b);
+  if (b > mid) {
+    int64_t r = mid >= a && hi <= b ? t->mx[2 * node + 1]
+                                    : mt_max(t, 2 * node + 1, mid, hi, a, b);
+    if (r > m)
+      m = r;
+  }
+  return m + t->lz[node];
 }
 
 int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi) {
@@ -91,6 +97,8 @@ int64_t cap__memtree_max(const cap__memtree_t *t, uint32_t lo, uint32_t hi) {
     hi = t->n;
   if (lo >= hi)
     return INT64_MIN;
+  if (lo == 0 && hi == t->n)
+    return t->mx[1];
   return mt_max(t, 1, 0, t->n, lo, hi);
 }
 

@@ -254,12 +254,15 @@ static int walk(walk_t *w, cap_plan_fault_t *f, cap_plan_t *fix) {
       x->action = CAP_NONE;
       x->since = i ? i - 1 : 0;
     }
+    bool dropped = false;
     for (uint32_t j = 0; j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
       if (x->state == CAP__TS_HOST)
         x->state = CAP__TS_SWAP_IN;
+      dropped |= x->state == CAP__TS_DROPPED;
     }
-    for (uint32_t j = 0; j < n_all; j++) {
+    /* (most ops name no dropped tensor: no list to run) */
+    for (uint32_t j = 0; dropped && j < n_all; j++) {
       wtensor_t *x = &w->t[TENSOR_OF(j)];
       while (x->state == CAP__TS_DROPPED && !rc) {
         rc = run_list(w, x->action, i, f);
