@@ -25,6 +25,7 @@
 #include "capuchin/planner.h"
 #include "capuchin/profile.h"
 #include "capuchin/sim.h"
+#include "planners.h" /* cap__lineage_t */
 
 /* --- op-space memory: range add, range max (candidates.c) ---------------- */
 typedef struct cap__memtree {
@@ -258,6 +259,22 @@ typedef struct {
  * error. */
 int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
                     const cap_bandwidth_t *bw, cap__late_t **out, uint32_t *n);
+
+/* Action a becomes a swap whose prefetch lands just in time on idle
+ * engines (cap__earlier_trigger), `lead` ns earlier than that, on demand
+ * when none can (improve.c). */
+void cap__make_swap(cap_action_t *a, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, int64_t lead);
+
+/* Replay time of the lineage of swap action a, its sources taken as on the
+ * device (make_explicit adds what is not); -1 when it has none. The list
+ * is left in l (improve.c). */
+int cap__lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                    const cap_action_t *a, int64_t *ns);
+
+/* Action ai of plan replays the list in l instead of swapping
+ * (improve.c). */
+int cap__set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l);
 
 /* A change to plan, next, simulated: when it is faster than plan, no
  * higher than limit at its peak, and valid, it takes plan's place

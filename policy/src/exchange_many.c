@@ -30,7 +30,6 @@
 #include "capuchin_internal.h"
 #include "planners.h"
 
-#define LINEAGE_MAX_OPS 16u /* longest lineage a swap may turn into */
 #define LATE_ROUNDS 8u      /* simulations per exchange, at most */
 #define MANY_MAX 8u         /* actions exchanged for one */
 
@@ -49,34 +48,6 @@ static int cmp_item(const void *a, const void *b) {
   return x->k < y->k ? -1 : x->k > y->k;
 }
 
-static uint32_t find_action(const cap_plan_t *plan, uint32_t tensor,
-                            uint32_t k) {
-  for (uint32_t i = 0; i < plan->n_actions; i++)
-    if (plan->actions[i].tensor == tensor &&
-        plan->actions[i].evict_after_access == k)
-      return i;
-  return CAP_NONE;
-}
-
-/* Replay time of the lineage of swap action a with its sources taken as on
- * the device, -1 when it has none; the list is left in l. */
-static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
-                      const cap_action_t *a, int64_t *ns) {
-  uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
-  uint32_t back =
-      cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
-  *ns = -1;
-  int rc = cap__lineage(l, p, a->tensor, out, back, NULL, LINEAGE_MAX_OPS);
-  if (rc == CAP_ENOENT)
-    return 0;
-  if (rc)
-    return rc;
-  *ns = 0;
-  for (uint32_t i = 0; i < l->n_ops; i++)
-    *ns += p->ops[l->ops[i]].end_ns - p->ops[l->ops[i]].start_ns;
-  return 0;
-}
-
 /* The swaps xs[0 .. nx) replayed and the replays ys[0 .. ny) swapped, in a
  * copy of plan; kept (plan holds it) when the simulator accepts it. */
 static int try_many(cap_plan_t *plan, const cap_profile_t *p,
@@ -90,35 +61,20 @@ static int try_many(cap_plan_t *plan, const cap_profile_t *p,
     return CAP_ENOMEM;
   int rc = 0;
   for (uint32_t i = 0; i < nx && !rc; i++) {
-    uint32_t xi = find_action(next, xs[i]->tensor, xs[i]->k);
+    uint32_t xi = cap__find_action(next, xs[i]->tensor, xs[i]->k);
     int64_t ns;
-    rc = lineage_ns(lin, p, &next->actions[xi], &ns);
+    rc = cap__lineage_ns(lin, p, &next->actions[xi], &ns);
     if (!rc && ns < 0)
       rc = CAP_ENOENT; /* no lineage: nothing to exchange */
     if (rc)
       break;
-    cap_action_t *x = &next->actions[xi];
-    x->method = CAP_METHOD_RECOMPUTE;
-    x->flags = 0;
-    x->prefetch_tensor = CAP_NONE;
-    x->prefetch_access = 0;
-    rc = cap__plan_set_list(next, xi, lin->ops, lin->n_ops);
+    rc = cap__set_replay(next, xi, lin);
   }
+  for (uint32_t i = 0; i < ny && !rc; i++)
+    cap__make_swap(
+        &next->actions[cap__find_action(next, ys[i]->tensor, ys[i]->k)], p,
+        cfg, 0);
   uint32_t tt, ta;
-  for (uint32_t i = 0; i < ny && !rc; i++) {
-    cap_action_t *a =
-        &next->actions[find_action(next, ys[i]->tensor, ys[i]->k)];
-    a->method = CAP_METHOD_SWAP;
-    a->recompute_off = a->n_recompute = 0;
-    a->flags = 0;
-    a->prefetch_tensor = CAP_NONE;
-    a->prefetch_access = 0;
-    int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
-    if (cap__earlier_trigger(p, a, in_ns, cfg->trigger_margin_ns, &tt, &ta)) {
-      a->prefetch_tensor = tt;
-      a->prefetch_access = ta;
-    }
-  }
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
   for (uint32_t round = 0; !rc && round < LATE_ROUNDS; round++) {
@@ -187,7 +143,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     }
     int64_t ns;
-    rc = lineage_ns(&lin, p, a, &ns);
+    rc = cap__lineage_ns(&lin, p, a, &ns);
     if (!rc && ns >= 0 && bytes)
       xs[nx++] = (item_t){(double)ns / (double)bytes, ns, a->tensor,
                           a->evict_after_access};
@@ -200,7 +156,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
   /* one costly replay swapped, several swaps cheap to replay per byte
    * replayed: first those copied out no later than it, then any */
   for (uint32_t i = 0; i < ny && i < max_tries && !rc; i++) {
-    uint32_t yi = find_action(plan, ys[i].tensor, ys[i].k);
+    uint32_t yi = cap__find_action(plan, ys[i].tensor, ys[i].k);
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
     uint64_t y_bytes = p->tensors[ys[i].tensor].bytes;
@@ -212,7 +168,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
       int64_t ns = 0;
       uint32_t n = 0;
       for (uint32_t j = 0; j < nx && bytes < y_bytes && n < MANY_MAX; j++) {
-        uint32_t xi = find_action(plan, xs[j].tensor, xs[j].k);
+        uint32_t xi = cap__find_action(plan, xs[j].tensor, xs[j].k);
         if (xi == CAP_NONE || plan->actions[xi].method != CAP_METHOD_SWAP ||
             (before &&
              cap_profile_access_op(p, xs[j].tensor, xs[j].k) > y_out) ||
@@ -230,14 +186,14 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
   /* one swap cheap to replay per byte replayed, the replays costliest per
    * byte that fit in its bytes swapped */
   for (uint32_t i = 0; i < nx && i < max_tries && !rc; i++) {
-    uint32_t xi = find_action(plan, xs[i].tensor, xs[i].k);
+    uint32_t xi = cap__find_action(plan, xs[i].tensor, xs[i].k);
     if (xi == CAP_NONE || plan->actions[xi].method != CAP_METHOD_SWAP)
       continue;
     uint64_t x_bytes = p->tensors[xs[i].tensor].bytes, bytes = 0;
     int64_t ns = 0;
     uint32_t n = 0;
     for (uint32_t j = 0; j < nz && n < MANY_MAX; j++) {
-      uint32_t zi = find_action(plan, zs[j].tensor, zs[j].k);
+      uint32_t zi = cap__find_action(plan, zs[j].tensor, zs[j].k);
       uint64_t b = p->tensors[zs[j].tensor].bytes;
       if (zi == CAP_NONE || plan->actions[zi].method != CAP_METHOD_RECOMPUTE ||
           bytes + b > x_bytes)

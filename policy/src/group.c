@@ -90,21 +90,13 @@ static uint64_t group_outputs(const cap_profile_t *p,
   return bytes;
 }
 
-static uint32_t find_action(const cap_plan_t *plan, uint32_t t, uint32_t k) {
-  for (uint32_t i = 0; i < plan->n_actions; i++)
-    if (plan->actions[i].tensor == t &&
-        plan->actions[i].evict_after_access == k)
-      return i;
-  return CAP_NONE;
-}
-
 /* Every output of op o dropped over its longest gap, replayed by o. */
 static int drop_group(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t o) {
   uint32_t ts[8], ks[8], n;
   group_outputs(p, cfg, o, ts, ks, 8, &n);
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t ai = find_action(plan, ts[i], ks[i]);
+    uint32_t ai = cap__find_action(plan, ts[i], ks[i]);
     int rc;
     if (ai == CAP_NONE) {
       rc = cap_plan_add_recompute(plan, ts[i], ks[i], &o, 1);
@@ -132,19 +124,7 @@ static int as_swap(const cap_plan_t *plan, const cap_profile_t *p,
   cap_plan_t *next = cap_plan_clone(plan);
   if (!next)
     return CAP_ENOMEM;
-  cap_action_t *a = &next->actions[ai];
-  a->method = CAP_METHOD_SWAP;
-  a->recompute_off = a->n_recompute = 0;
-  a->flags = 0;
-  a->prefetch_tensor = CAP_NONE;
-  a->prefetch_access = 0;
-  int64_t in_ns = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps);
-  uint32_t tt, ta;
-  if (cap__earlier_trigger(p, a, in_ns + lead, cfg->trigger_margin_ns, &tt,
-                           &ta)) {
-    a->prefetch_tensor = tt;
-    a->prefetch_access = ta;
-  }
+  cap__make_swap(&next->actions[ai], p, cfg, lead);
   int rc = cap__plan_make_explicit(next, p, NULL);
   if (!rc)
     rc = cap__plan_predict(next, p, &cfg->bw);

@@ -46,14 +46,6 @@ static int cmp_cand(const void *a, const void *b) {
   return x->k < y->k ? -1 : x->k > y->k;
 }
 
-static uint32_t find_action(const cap_plan_t *plan, uint32_t tensor, uint32_t k) {
-  for (uint32_t i = 0; i < plan->n_actions; i++)
-    if (plan->actions[i].tensor == tensor &&
-        plan->actions[i].evict_after_access == k)
-      return i;
-  return CAP_NONE;
-}
-
 /* Simulate a changed plan; *ok false when its lists cannot run as written
  * (the simulator's walk refuses it). The whole check, cap_plan_validate,
  * runs only on a change that is kept (keep()): most are refused for their
@@ -90,11 +82,8 @@ int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
   return rc;
 }
 
-/* Action a becomes a swap whose prefetch lands just in time on idle
- * engines (cap__earlier_trigger), `lead` ns earlier than that, on demand
- * when none can. */
-static void make_swap(cap_action_t *a, const cap_profile_t *p,
-                      const cap_plan_config_t *cfg, int64_t lead) {
+void cap__make_swap(cap_action_t *a, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, int64_t lead) {
   uint32_t tt, ta;
   a->method = CAP_METHOD_SWAP;
   a->recompute_off = a->n_recompute = 0;
@@ -111,11 +100,8 @@ static void make_swap(cap_action_t *a, const cap_profile_t *p,
 
 #define LINEAGE_MAX_OPS 16u /* longest lineage a swap may turn into */
 
-/* Replay time of the lineage of swap action a, its sources taken as on the
- * device (make_explicit adds what is not); -1 when it has none. The list
- * is left in l. */
-static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
-                      const cap_action_t *a, int64_t *ns) {
+int cap__lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
+                    const cap_action_t *a, int64_t *ns) {
   uint32_t out = cap_profile_access_op(p, a->tensor, a->evict_after_access);
   uint32_t back =
       cap_profile_access_op(p, a->tensor, a->evict_after_access + 1);
@@ -131,8 +117,7 @@ static int lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
   return 0;
 }
 
-/* Action ai of plan replays the list in l instead of swapping. */
-static int set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
+int cap__set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l) {
   cap_action_t *x = &plan->actions[ai];
   x->method = CAP_METHOD_RECOMPUTE;
   x->flags = 0;
@@ -156,7 +141,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, const cand_t *cd, int how,
                       cap_plan_t **out) {
   *out = NULL;
-  uint32_t ai = find_action(plan, cd->tensor, cd->k);
+  uint32_t ai = cap__find_action(plan, cd->tensor, cd->k);
   if (ai == CAP_NONE || cap_action_is_release(&plan->actions[ai]) ||
       ((how == TO_SWAP || how == TO_SWAP_EARLY) &&
        plan->actions[ai].method != CAP_METHOD_RECOMPUTE) ||
@@ -166,7 +151,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   cap__lineage_t lin = {0};
   if (how == TO_REPLAY) {
     int64_t ns;
-    int rc = lineage_ns(&lin, p, &plan->actions[ai], &ns);
+    int rc = cap__lineage_ns(&lin, p, &plan->actions[ai], &ns);
     if (rc || ns < 0 || ns >= cd->cost_ns) {
       cap__lineage_close(&lin);
       return rc;
@@ -184,7 +169,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
   }
   cap_action_t *a = &next->actions[ai];
   if (how == TO_REPLAY) {
-    int rc = set_replay(next, ai, &lin);
+    int rc = cap__set_replay(next, ai, &lin);
     cap__lineage_close(&lin);
     if (rc) {
       cap_plan_destroy(next);
@@ -203,7 +188,7 @@ static int try_change(const cap_plan_t *plan, const cap_profile_t *p,
     goto explicit;
   }
   /* TO_SWAP_EARLY: its prefetch a whole copy earlier than just in time */
-  make_swap(a, p, cfg,
+  cap__make_swap(a, p, cfg,
             how == TO_SWAP_EARLY
                 ? cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.h2d_gbps)
                 : 0);
@@ -265,7 +250,7 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
     return CAP_ENOMEM;
   bool any = false;
   for (uint32_t i = lo; i < hi; i++) {
-    uint32_t ai = find_action(next, g->keys[i].tensor, g->keys[i].k);
+    uint32_t ai = cap__find_action(next, g->keys[i].tensor, g->keys[i].k);
     if (ai != CAP_NONE && next->actions[ai].method == CAP_METHOD_SWAP)
       any |= upgrade(g, &next->actions[ai]);
   }
@@ -535,7 +520,7 @@ static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
   /* each look for a partner scans the plan: the costliest few only */
   for (uint32_t i = 0, tries = 0;
        i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
-    uint32_t bi = find_action(plan, cands[i].tensor, cands[i].k);
+    uint32_t bi = cap__find_action(plan, cands[i].tensor, cands[i].k);
     uint32_t ai = bi == CAP_NONE ? CAP_NONE : share_partner(plan, p, runs, bi);
     if (ai == CAP_NONE)
       continue;
@@ -612,14 +597,14 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
                         uint32_t xi, uint32_t yi, uint64_t limit, bool *kept) {
   *kept = false;
   int64_t ns;
-  int rc = lineage_ns(lin, p, &plan->actions[xi], &ns);
+  int rc = cap__lineage_ns(lin, p, &plan->actions[xi], &ns);
   if (rc || ns < 0)
     return rc;
   cap_plan_t *next = cap_plan_clone(plan);
   if (!next)
     return CAP_ENOMEM;
-  rc = set_replay(next, xi, lin);
-  make_swap(&next->actions[yi], p, cfg, 0);
+  rc = cap__set_replay(next, xi, lin);
+  cap__make_swap(&next->actions[yi], p, cfg, 0);
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
   if (!rc)
@@ -647,7 +632,7 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
     const cap_action_t *a = &plan->actions[i];
     swap_ns[i] = -1;
     if (a->method == CAP_METHOD_SWAP)
-      rc = lineage_ns(&lin, p, a, &swap_ns[i]);
+      rc = cap__lineage_ns(&lin, p, a, &swap_ns[i]);
     else if (!cap_action_is_release(a))
       cands[n++] = (cand_t){cap__replay_ns(plan, p, a), a->tensor,
                             a->evict_after_access};
@@ -656,7 +641,7 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
     qsort(cands, n, sizeof *cands, cmp_cand);
   for (uint32_t i = 0, tries = 0;
        i < n && i < SCAN_PER_TRY * max_tries && tries < max_tries && !rc; i++) {
-    uint32_t yi = find_action(plan, cands[i].tensor, cands[i].k);
+    uint32_t yi = cap__find_action(plan, cands[i].tensor, cands[i].k);
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
     /* first a swap whose copy out the replay's can take over; then any:

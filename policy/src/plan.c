@@ -197,6 +197,14 @@ int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,
   return ns;
 }
 
+uint32_t cap__find_action(const cap_plan_t *plan, uint32_t tensor, uint32_t k) {
+  for (uint32_t i = 0; i < plan->n_actions; i++)
+    if (plan->actions[i].tensor == tensor &&
+        plan->actions[i].evict_after_access == k)
+      return i;
+  return CAP_NONE;
+}
+
 int cap__plan_set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
                        uint32_t n) {
   uint32_t off;

@@ -90,6 +90,10 @@ int cap__lineage(cap__lineage_t *l, const cap_profile_t *p, uint32_t t,
 int cap__plan_append_ops(cap_plan_t *plan, const uint32_t *ops, uint32_t n,
                          uint32_t *off);
 
+/* Index of the action evicting tensor after its access k, CAP_NONE when
+ * the plan has none (plan.c). */
+uint32_t cap__find_action(const cap_plan_t *plan, uint32_t tensor, uint32_t k);
+
 /* Action ai's recompute list := the n ops given (plan.c). */
 int cap__plan_set_list(cap_plan_t *plan, uint32_t ai, const uint32_t *ops,
                        uint32_t n);
