@@ -276,6 +276,13 @@ int cap__lineage_ns(cap__lineage_t *l, const cap_profile_t *p,
  * (improve.c). */
 int cap__set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l);
 
+/* next, simulated, takes plan's place when it is faster than plan, no
+ * higher than limit at its peak, and valid (contents swapped: the caller's
+ * pointer stays valid, next then holds the old plan); answers whether it
+ * did (improve.c). */
+bool cap__take_if_better(cap_plan_t *plan, cap_plan_t *next,
+                         const cap_profile_t *p, uint64_t limit);
+
 /* A change to plan, next, simulated: when it is faster than plan, no
  * higher than limit at its peak, and valid, it takes plan's place
  * (contents swapped: the caller's pointer stays valid) and *kept is set;
@@ -284,6 +291,14 @@ int cap__set_replay(cap_plan_t *plan, uint32_t ai, const cap__lineage_t *l);
 int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
                         const cap_profile_t *p, const cap_bandwidth_t *bw,
                         uint64_t limit, bool *kept);
+
+/* Swap action ai of plan with its prefetch started lead ns earlier
+ * (cap__earlier_trigger), simulated and kept as cap__keep_if_faster keeps;
+ * *tried false when no other trigger does that (nothing simulated)
+ * (polish.c). Returns 0 or an error. */
+int cap__try_earlier(cap_plan_t *plan, const cap_profile_t *p,
+                     const cap_plan_config_t *cfg, uint32_t ai, int64_t lead,
+                     uint64_t limit, bool *tried, bool *kept);
 
 /* Each late prefetch of plan, the latest first, tries a few triggers
  * around its lateness earlier and keeps the first that the simulator finds

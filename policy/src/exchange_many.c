@@ -84,13 +84,8 @@ static int try_many(cap_plan_t *plan, const cap_profile_t *p,
       break;
     next->predicted_iter_ns = r.iter_ns;
     next->predicted_peak_bytes = r.peak_bytes;
-    if (next->predicted_peak_bytes <= limit &&
-        next->predicted_iter_ns < plan->predicted_iter_ns &&
-        cap_plan_validate(next, p, NULL, 0) == 0) {
+    if (cap__take_if_better(plan, next, p, limit)) {
       cap_sim_result_close(&r);
-      cap_plan_t tmp = *plan;
-      *plan = *next;
-      *next = tmp;
       *kept = true;
       break;
     }

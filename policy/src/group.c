@@ -224,20 +224,9 @@ static int advance_blockers(cap_plan_t *plan, const cap_profile_t *p,
         break;
       done[n_done++] = pick;
       for (int64_t m = 1; m <= 2 && !kept && !rc; m++) {
-        const cap_action_t *y = &plan->actions[pick];
-        uint32_t tt, ta;
-        if (!cap__earlier_trigger(p, y, l[i].late_ns * m,
-                                  cfg->trigger_margin_ns, &tt, &ta) ||
-            (tt == y->prefetch_tensor && ta == y->prefetch_access))
-          continue;
-        cap_plan_t *next = cap_plan_clone(plan);
-        if (!next) {
-          rc = CAP_ENOMEM;
-          break;
-        }
-        next->actions[pick].prefetch_tensor = tt;
-        next->actions[pick].prefetch_access = ta;
-        rc = cap__keep_if_faster(plan, next, p, &cfg->bw, limit, &kept);
+        bool tried;
+        rc = cap__try_earlier(plan, p, cfg, pick, l[i].late_ns * m, limit,
+                              &tried, &kept);
       }
     }
   }

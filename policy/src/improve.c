@@ -66,18 +66,23 @@ static bool keep(const cap_plan_t *next, const cap_plan_t *plan,
          cap_plan_validate(next, p, NULL, 0) == 0;
 }
 
+bool cap__take_if_better(cap_plan_t *plan, cap_plan_t *next,
+                         const cap_profile_t *p, uint64_t limit) {
+  if (!keep(next, plan, p, limit))
+    return false;
+  /* swap the contents: the caller's pointer stays valid */
+  cap_plan_t tmp = *plan;
+  *plan = *next;
+  *next = tmp;
+  return true;
+}
+
 int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
                         const cap_profile_t *p, const cap_bandwidth_t *bw,
                         uint64_t limit, bool *kept) {
   bool ok;
   int rc = simulate(next, p, bw, &ok);
-  *kept = ok && keep(next, plan, p, limit);
-  if (*kept) {
-    /* swap the contents: the caller's pointer stays valid */
-    cap_plan_t tmp = *plan;
-    *plan = *next;
-    *next = tmp;
-  }
+  *kept = ok && cap__take_if_better(plan, next, p, limit);
   cap_plan_destroy(next);
   return rc;
 }
@@ -259,10 +264,7 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
     g->sims_left--;
     bool ok;
     rc = simulate(next, g->p, &g->cfg->bw, &ok);
-    if (ok && keep(next, g->plan, g->p, g->limit)) {
-      cap_plan_t tmp = *g->plan;
-      *g->plan = *next;
-      *next = tmp;
+    if (ok && cap__take_if_better(g->plan, next, g->p, g->limit)) {
       cap_plan_destroy(next);
       return 0;
     }
@@ -375,24 +377,17 @@ static int search(cap_plan_t *plan, const cap_profile_t *p,
     for (uint32_t part = 0;
          part < (how == EARLIER && p->n_ops < CAP__SMALL_OPS ? 3u : 1u) && !rc;
          part++, cd.cost_ns /= 2) {
-      cap_plan_t *next;
+      cap_plan_t *next = NULL;
       rc = try_change(plan, p, cfg, &cd, how, &next);
+      bool kept = !rc && next && cap__take_if_better(plan, next, p, limit);
       /* a prefetch just in time may come late behind other prefetches or
        * land inside a peak: on short profiles try one a whole copy earlier
        * too */
-      if (!rc && how == TO_SWAP && p->n_ops < CAP__SMALL_OPS &&
-          (!next || !keep(next, plan, p, limit))) {
+      if (!rc && !kept && how == TO_SWAP && p->n_ops < CAP__SMALL_OPS) {
         cap_plan_destroy(next);
+        next = NULL;
         rc = try_change(plan, p, cfg, &cd, TO_SWAP_EARLY, &next);
-      }
-      if (rc || !next)
-        continue;
-      bool kept = keep(next, plan, p, limit);
-      if (kept) {
-        /* swap the contents: the caller's pointer stays valid */
-        cap_plan_t tmp = *plan;
-        *plan = *next;
-        *next = tmp;
+        kept = !rc && next && cap__take_if_better(plan, next, p, limit);
       }
       cap_plan_destroy(next);
       if (kept)

@@ -51,6 +51,24 @@ int cap__late_swaps(const cap_plan_t *plan, const cap_profile_t *p,
   return 0;
 }
 
+int cap__try_earlier(cap_plan_t *plan, const cap_profile_t *p,
+                     const cap_plan_config_t *cfg, uint32_t ai, int64_t lead,
+                     uint64_t limit, bool *tried, bool *kept) {
+  const cap_action_t *a = &plan->actions[ai];
+  uint32_t tt, ta;
+  *tried = *kept = false;
+  if (!cap__earlier_trigger(p, a, lead, cfg->trigger_margin_ns, &tt, &ta) ||
+      (tt == a->prefetch_tensor && ta == a->prefetch_access))
+    return 0;
+  cap_plan_t *next = cap_plan_clone(plan);
+  if (!next)
+    return CAP_ENOMEM;
+  next->actions[ai].prefetch_tensor = tt;
+  next->actions[ai].prefetch_access = ta;
+  *tried = true;
+  return cap__keep_if_faster(plan, next, p, &cfg->bw, limit, kept);
+}
+
 /* Advances tried, as fractions of the lateness: num / den. */
 static const int64_t adv_num[] = {1, 2, 1, 4, 1};
 static const int64_t adv_den[] = {1, 1, 2, 1, 4};
@@ -69,22 +87,11 @@ int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
   uint32_t sims = 0;
   for (uint32_t i = 0; i < n && sims < max_sims && !rc; i++) {
     for (uint32_t j = 0; j < N_ADV && sims < max_sims && !rc; j++) {
-      const cap_action_t *a = &plan->actions[l[i].action];
-      uint32_t tt, ta;
-      if (!cap__earlier_trigger(p, a, l[i].late_ns * adv_num[j] / adv_den[j],
-                                cfg->trigger_margin_ns, &tt, &ta) ||
-          (tt == a->prefetch_tensor && ta == a->prefetch_access))
-        continue;
-      cap_plan_t *next = cap_plan_clone(plan);
-      if (!next) {
-        rc = CAP_ENOMEM;
-        break;
-      }
-      next->actions[l[i].action].prefetch_tensor = tt;
-      next->actions[l[i].action].prefetch_access = ta;
-      sims++;
-      bool kept;
-      rc = cap__keep_if_faster(plan, next, p, &cfg->bw, limit, &kept);
+      bool tried, kept;
+      rc = cap__try_earlier(plan, p, cfg, l[i].action,
+                            l[i].late_ns * adv_num[j] / adv_den[j], limit,
+                            &tried, &kept);
+      sims += tried;
       if (kept)
         break;
     }
