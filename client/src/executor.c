@@ -95,9 +95,10 @@ static void sort_op_acts(cap_client_t *c, uint32_t n) {
     qsort(c->x.op_acts, n, sizeof *c->x.op_acts, cmp_u32);
 }
 
-static void start_prefetches(cap_client_t *c) {
+/* The prefetches that the op's nu tensors (c->op_ids) trigger. */
+static void start_prefetches(cap_client_t *c, uint32_t nu) {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < c->op_n_unique; i++) {
+  for (uint32_t i = 0; i < nu; i++) {
     uint32_t id = c->op_ids[i];
     const cap__slot_t *s = cap__slot_at(&c->x, id, c->tensors[id].n_access + 1);
     if (s && s->n_trig) {
@@ -178,9 +179,8 @@ int cap__op_begin(cap_client_t *c, const char *name, const uint32_t *in,
         goto out_unpin;
     }
   }
-  c->op_n_unique = nu;
   if (c->x.plan && c->mode == CAP_MODE_GUIDED)
-    start_prefetches(c);
+    start_prefetches(c, nu);
   for (uint32_t i = 0; i < nu; i++) {
     cap__tensor_t *t = &c->tensors[c->op_ids[i]];
     t->n_access++;
