@@ -38,12 +38,19 @@ static cap_profile_t *P;
 static uint64_t BUDGET;
 static cap_plan_t *PLAN1;
 
-static long long count(const char *sql) {
+/* The daemon's database, read-only; NULL (and why, on stderr) when it
+ * will not open. */
+static cap_store_t *open_store(void) {
   cap_store_t *s = NULL;
-  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0) {
+  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0)
     fprintf(stderr, "store: %s\n", cap_store_last_error());
+  return s;
+}
+
+static long long count(const char *sql) {
+  cap_store_t *s = open_store();
+  if (!s)
     return -1;
-  }
   sqlite3_stmt *st = NULL;
   long long n = -1;
   if (sqlite3_prepare_v2(cap_store_db(s), sql, -1, &st, NULL) == SQLITE_OK &&
@@ -102,9 +109,7 @@ static void test_measured_plan_within_1s(void) {
   PLAN1 = plan;
 
   /* Stored: profile and plan, found by signature and budget. */
-  cap_store_t *s = NULL;
-  if (cap_store_open(D.db, CAP_STORE_READONLY, &s) != 0)
-    fprintf(stderr, "store: %s\n", cap_store_last_error());
+  cap_store_t *s = open_store();
   REQUIRE(s != NULL);
   int64_t prof = 0, pl = 0;
   uint64_t sig = cap_profile_signature(P);
