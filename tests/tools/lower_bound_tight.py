@@ -1,40 +1,59 @@
 #!/usr/bin/python3
-"""lower_bound.py's LP with a tighter charge for a replay: its in-place writers too.
+"""lower_bound.py's LP with a tighter charge for a replay: every op a valid list must run.
 
 usage: lower_bound_tight.py TRACE [any lower_bound.py option]     (same rows, same --json)
        lower_bound_tight.py --compare BOUND.jsonl TIGHT.jsonl CAPUCHIN.jsonl  (bench_bound --jsonl)
        lower_bound_tight.py --check-plan TRACE PLAN.json   (capuchin-sim --emit-plan: the ASSUMPTION)
 
-Imports /work/shared/tools/lower_bound.py (or $LOWER_BOUND_DIR) and changes one thing: a
-restore of gap g = (T, access a -> b) is charged dur(p) (as there) PLUS dur(q) for every
-in-place writer q of T with p < q <= a: an op listing T as input and output whose ATen name
-ends in '_' (policy/src/profile.c name_is_inplace; view ops are not writers). These are the
-ops cap_plan_validate demands in T's list ("every op that wrote T ... up to the
-evicted-access"); writes after a belong to later versions and are not charged.  (A writer
-listing T only as output would be a second fresh writer, which lower_bound.py refuses.)  Only
-"exclusive" writers are charged: q that writes no other tensor a replay could restore (no
-fresh activation output, no other activation written in place).  Writers shared with another
-tensor (batch norm updating its running statistics while producing its output) are left out,
-as one run could serve two restores.  The charge enters both the cost (per restored fraction,
-on the gap's dropped amount) and the window's R_w row, exactly like dur(p) for a one-output p.
+Imports /work/shared/tools/lower_bound.py (or $LOWER_BOUND_DIR) and changes one thing, the
+recompute charge.  lower_bound.py charges a restore of gap g = (T, access a -> b) only dur(p),
+p the producer of T, and ignores whether p's inputs are there when the replay runs.  Here a
+restore of g is charged every op of its CLOSURE, the ops any list the project's walk accepts
+(docs/plan-semantics.md, plan_walk.c run_list) must contain to restore T at an op i:
+  - p, and every in-place writer of T from p up to a (an op listing T as input and output
+    whose ATen name ends in '_', profile.c name_is_inplace): cap_plan_validate demands them
+    ("every op that wrote T ... up to the evicted-access");
+  - for every listed op o and activation input y of o (y != T) that is GONE at op i: freed
+    by the framework (a free line at or before op i's start) or written in place by an op in
+    [o, i) (cap_profile_written_in_place), the producer of y, and so on recursively.  run_list
+    takes an input either from an earlier op of the list or from the device, and refuses a
+    gone one from the device; an earlier op that outputs y either makes it fresh (the unique
+    fresh writer, the producer: lower_bound.py checks there is one) or also reads y, which is
+    then gone for it too (its range [o', i) holds [o, i)), so by induction the list holds
+    the producer.  (On mobilenet_v2, clone's input is overwritten by hardtanh_ right after:
+    restoring the clone needs the batch norm before it.  On bert_large, a weight gradient's
+    inputs are freed early in the backward: restoring it at the optimizer needs the backward
+    chain behind it.)
+Gone-ness only grows with i, and a restore counted at a checkpoint after a runs at an op
+i > c_k1 (the first checkpoint after a: a list runs just before its op starts, so the list of
+op c_k1 itself ends before that checkpoint), so the closure is taken at i0 = c_k1 + 1, a subset
+of the one at the real i.  It is cut at CLOSURE_MAX ops (breadth-first): any subset is a bound.
+Plan-dependent reasons a list must replay more (an input the plan dropped or released) are
+left out.
 
-WHY IT IS STILL A LOWER BOUND.  lower_bound.py's argument (1), (2), (4) are untouched; in (3)
-a restore of T in window w is a recompute list run in w.  If T is the list's own tensor,
-cap_plan_validate makes the list contain p and every in-place writer of T up to a, and the
-simulator (sim.c run_list) charges each listed op its duration.  A writer q charged here is
-exclusive to T, and restores of one tensor in one window amount to <= 1 (gaps of T restore in
-disjoint windows), so the runs of q in w take >= dur(q) * (restored fraction of T in w): the
-new charge is <= the real replay time in w, Delta_w >= 0 still holds, and the LP optimum is
-<= the extra time of the plan.  ASSUMPTION: the walk (plan_walk.c run_list) also restores, for
-free, every dropped output of a listed op (a tensor T' whose producer is in another tensor's
-list) and checks nothing about T''s in-place writers there.  A by-product restore that skips
-them hands T''s back-access the wrong value: the plan is wrong (FORMAT.md: a replay must
-reproduce the version read) but the simulator accepts it.  The bound here holds for every
-accepted plan whose restores all reproduce the version read at the back-access; for an
-accepted plan that breaks this, lower_bound.py's bound still holds and this one may not.
-Capuchin's own plans keep it: at every CNN and vgg16 budget of bench_bound, both modes, no list
-restores a dropped tensor without the writers charged here (--check-plan on each plan).
-Still ignored: replay inputs that are evicted or modified (fetch/replay of sources).
+The charge is one per op and window: y[o,w] >= (restored fraction of g in w) for every op o
+in the closure of every gap g restored in window w, cost dur(o) * y[o,w], and R_w (the
+replay time that lengthens window w) <= sum of dur(o) * y[o,w].  This replaces lower_bound.py's
+charges (dur(p) per restored fraction, z[p,w] for a multi-output p, which is y[p,w]).
+
+WHY IT IS STILL A LOWER BOUND.  lower_bound.py's argument (1), (2), (4) are untouched.  In
+(3), map a plan as there: fractions 0 or 1, y[o,w] = 1 when some list run in window w holds
+op o.  A list runs whole in one window (just before its op), and every restore in window w is
+made by a list run in w whose ops include the closure of the restored gap (above), so
+y[o,w] >= restored fraction of each gap needing o; the simulator charges each listed op its
+duration each time a list runs it, so sum dur(o) * y[o,w] <= the real replay time in w,
+Delta_w >= 0 still holds, and the LP optimum is <= the extra time of the plan.
+ASSUMPTION: a list also restores, for free, every dropped output of a listed op (a tensor T'
+whose producer is in another tensor's list), and run_list checks T''s inputs there but not
+T''s own in-place writers.  A by-product restore that skips them hands T''s back-access the
+wrong value: the plan is wrong (FORMAT.md: a replay must reproduce the version read) but the
+simulator accepts it.  The bound here holds for every accepted plan whose restores all
+reproduce the version read at the back-access; for an accepted plan that breaks this,
+lower_bound.py's bound still holds and this one may not.  --check-plan checks a plan's
+every restore, own and by-product, against the closure at the list's real op; Capuchin's own
+plans pass at every bench_bound budget, both modes.
+Still ignored: replay temporaries' memory, inputs the plan swapped out (their copies), the
+copy engines' FIFO order.
 """
 import json
 import os
@@ -44,6 +63,9 @@ from collections import defaultdict
 
 sys.path.insert(0, os.environ.get('LOWER_BOUND_DIR', '/work/shared/tools'))
 import lower_bound as lb  # noqa: E402
+import numpy as np  # noqa: E402
+
+CLOSURE_MAX = 32  # ops charged per restore: any subset of the closure is a bound
 
 
 def name_is_inplace(name):
@@ -62,22 +84,52 @@ class TightBound(lb.LowerBound):
     def __init__(self, tr, *args, **kw):
         super().__init__(tr, *args, **kw)
         writes = defaultdict(list)                # T -> in-place writers after its producer
-        users = defaultdict(set)                  # op -> tensors a replay of it could restore
         for i, (_, _, name, ins, outs) in enumerate(tr.ops):
-            for x in tr.fresh[i]:
-                users[i].add(x)
             if name_is_inplace(name):
                 for x in set(ins) & set(outs):
                     if tr.kind[x] == 'activation' and x in tr.producer and i > tr.producer[x]:
                         writes[x].append(i)
-                        users[i].add(x)
         self.writes = writes
-        self.excl = {x: [q for q in qs if users[q] == {x}] for x, qs in writes.items()}
-        self.n_shared = sum(len(qs) - len(self.excl[x]) for x, qs in writes.items())
+        # every op that writes x in place (cap_profile_written_in_place: the
+        # CAP_OP_INPLACE flag, x among the outputs), whatever x's kind
+        self.inplace = defaultdict(list)
+        for i, (_, _, name, ins, outs) in enumerate(tr.ops):
+            if name_is_inplace(name):
+                for x in dict.fromkeys(outs):
+                    self.inplace[x].append(i)
 
-    def extra_us(self, x, a):
-        """Charge added to a restore of T = x evicted after op a (us)."""
-        return sum(self.tr.dur[q] for q in self.excl.get(x, ()) if q <= a) / lb.US
+    def gone(self, x, o, i):
+        """plan_walk.c run_list: may a list run at op i NOT take input x of its op o from the
+        device? Freed by the framework (a free line at or before op i's start), or written in
+        place by an op in [o, i). Plan-dependent reasons (dropped, released) are left out."""
+        tr = self.tr
+        f = tr.free_ns.get(x)
+        if f is not None and f <= tr.ops[i][0]:
+            return True
+        qs = self.inplace.get(x, ())
+        j = lb.bisect.bisect_left(qs, o)
+        return j < len(qs) and qs[j] < i
+
+    def closure(self, x, a, i):
+        """Ops every valid list that restores x (evicted after op a) at op i or later must
+        contain, in BFS order, at most CLOSURE_MAX: its producer p, its in-place
+        writers up to a, and, for each activation input of a listed op that is gone at op i,
+        that input's producer (the one op that makes it fresh), recursively."""
+        tr = self.tr
+        p = tr.producer[x]
+        ops = [p] + [q for q in self.writes.get(x, ()) if q <= a]
+        seen, head = set(ops), 0
+        while head < len(ops) and len(ops) < CLOSURE_MAX:
+            o = ops[head]
+            head += 1
+            for y in dict.fromkeys(tr.ops[o][3]):
+                if y == x or tr.kind[y] != 'activation' or not self.gone(y, o, i):
+                    continue
+                q = tr.producer.get(y)
+                if q is not None and q not in seen and len(ops) < CLOSURE_MAX:
+                    seen.add(q)
+                    ops.append(q)
+        return ops
 
     def solve(self, budget, verbose=False):
         C, _ = self.checkpoints(budget)          # the same checkpoints solve() will use
@@ -85,6 +137,7 @@ class TightBound(lb.LowerBound):
         orig = lb.linprog
 
         def linprog(c, A_ub, b_ub, A_eq, b_eq, bounds, **kw):
+            ncol = A_ub.shape[1]
             rch_row = {}                          # window -> row "R_w - charges <= 0"
             Acsc = A_ub.tocsc()
             for w in range(W):
@@ -92,26 +145,47 @@ class TightBound(lb.LowerBound):
                 for r, v in zip(col.indices, col.data):
                     if v == 1.0:
                         rch_row[w] = r
+            # lower_bound.py's charges (dur(p) per restored fraction, or z[p,w] for a
+            # multi-output p) are replaced by one charge per op and window below
             c = c.copy()
-            rr, cc, vv = [], [], []
-            added = 0.0
+            c[2 * W:] = 0.0
+            A = A_ub.tocoo()
+            win = np.full(A_ub.shape[0], -1)
+            for w, r in rch_row.items():
+                win[r] = w
+            keep = (win[A.row] < 0) | (A.col == W + win[A.row])
+            rr, cc, vv = A.row[keep].tolist(), A.col[keep].tolist(), A.data[keep].tolist()
+            nrow = A_ub.shape[0]
+            ycol, cost = {}, []
             for (B_bytes, a, b, x), (x2, a2, b2, ssw, _, src0) in zip(self._kept_gaps(Cl),
                                                                       self.gap_cols):
                 assert (x, a, b) == (x2, a2, b2)
-                e = self.extra_us(x, a) if src0 is not None else 0.0
-                if e <= 0:
+                if src0 is None:
                     continue
                 B, L = B_bytes / lb.MB, len(ssw)
                 k1 = lb.bisect.bisect_right(Cl, a)
-                c[src0] += e / B                  # per dropped (= restored) fraction
-                added += e
+                # a restore counted at a checkpoint runs at an op after c_k1
+                ops = self.closure(x, a, Cl[k1] + 1)
                 restores = [(k1 + 1 + i, src0 + L + i) for i in range(L - 1)]
                 restores.append((k1 + L, src0 + L - 1))
-                for w, col in restores:           # R_w may cover the new charge
-                    rr.append(rch_row[w]); cc.append(col); vv.append(-e / B)
-            if rr:
-                A_ub = (A_ub + lb.sp.csr_matrix((vv, (rr, cc)), shape=A_ub.shape)).tocsr()
-            self.added_us = added
+                for w, col in restores:
+                    for o in ops:
+                        y = ycol.get((o, w))
+                        if y is None:             # y[o,w]: fraction of op o run in window w
+                            y = ycol[(o, w)] = ncol + len(cost)
+                            d = self.tr.dur[o] / lb.US
+                            cost.append(d)
+                            rr.append(rch_row[w]); cc.append(y); vv.append(-d)
+                        rr += [nrow, nrow]; cc += [col, y]; vv += [1.0 / B, -1.0]
+                        nrow += 1
+            ny = len(cost)
+            A_ub = lb.sp.csr_matrix((vv, (rr, cc)), shape=(nrow, ncol + ny))
+            b_ub = np.concatenate([b_ub, np.zeros(nrow - len(b_ub))])
+            c = np.concatenate([c, np.array(cost)])
+            bounds = np.concatenate([bounds, np.tile([0.0, np.inf], (ny, 1))])
+            if A_eq is not None:
+                A_eq = lb.sp.hstack([A_eq, lb.sp.csr_matrix((A_eq.shape[0], ny))]).tocsr()
+            self.n_charges, self.ycol = ny, ycol
             return orig(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=bounds, **kw)
 
         lb.linprog = linprog
@@ -119,8 +193,8 @@ class TightBound(lb.LowerBound):
             res = super().solve(budget, verbose)
         finally:
             lb.linprog = orig
-        res['charge'] = 'producer+inplace_writers'
-        res['n_shared_writers_skipped'] = self.n_shared
+        res['charge'] = 'replay_closure'
+        res['closure_max'] = CLOSURE_MAX
         return res
 
     def _kept_gaps(self, Cl):
@@ -130,8 +204,9 @@ class TightBound(lb.LowerBound):
 
 
 def check_plan(trace, plan_path):
-    """Lists of a plan that restore a dropped tensor (their own, or a by-product: a fresh output
-    of a listed op whose drop gap holds the list's back-access) without its charged writers."""
+    """Restores of a plan (a list's own tensor, or a by-product: a fresh output of a listed op
+    whose drop gap holds the list's back-access) whose list lacks an op of the closure charged
+    for it (at the list's own op, the exact case of the bound's)."""
     tr = lb.Trace(trace)
     b = TightBound(tr)
     lists = [a for a in json.load(open(plan_path))['actions']
@@ -140,7 +215,7 @@ def check_plan(trace, plan_path):
     drops = defaultdict(list)
     for a in lists:
         drops[a['tensor']].append(gap(a))
-    n_by = bad = 0
+    n_by = bad = n_ops = 0
     for a in lists:
         L, (_, back) = set(a['recompute_ops']), gap(a)
         todo = [(a['tensor'], gap(a)[0])]
@@ -148,8 +223,16 @@ def check_plan(trace, plan_path):
             for y in tr.fresh[op]:
                 todo += [(y, ay) for ay, by in drops.get(y, []) if y != a['tensor'] and ay < back <= by]
         n_by += len(todo) - 1
-        bad += sum(any(q <= ay and q not in L for q in b.excl.get(y, ())) for y, ay in todo)
-    print(f'{len(lists)} lists, {n_by} by-product restores, {bad} restores missing a charged writer')
+        for y, ay in todo:
+            need = b.closure(y, ay, back)
+            n_ops += len(need)
+            missing = [q for q in need if q not in L]
+            if missing:
+                bad += 1
+                print(f'tensor {y} restored at op {back} by the list of tensor {a["tensor"]}: '
+                      f'lacks ops {missing}')
+    print(f'{len(lists)} lists, {n_by} by-product restores, {n_ops} charged ops, '
+          f'{bad} restores missing a charged op')
     return 1 if bad else 0
 
 
