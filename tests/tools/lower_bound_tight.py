@@ -215,22 +215,30 @@ def check_plan(trace, plan_path):
     drops = defaultdict(list)
     for a in lists:
         drops[a['tensor']].append(gap(a))
-    n_by = bad = n_ops = 0
+    restores = []                                # (tensor, evicted after, list's op, list)
     for a in lists:
         L, (_, back) = set(a['recompute_ops']), gap(a)
-        todo = [(a['tensor'], gap(a)[0])]
+        restores.append((a['tensor'], gap(a)[0], back, L))
         for op in a['recompute_ops']:
             for y in tr.fresh[op]:
-                todo += [(y, ay) for ay, by in drops.get(y, []) if y != a['tensor'] and ay < back <= by]
-        n_by += len(todo) - 1
-        for y, ay in todo:
-            need = b.closure(y, ay, back)
-            n_ops += len(need)
-            missing = [q for q in need if q not in L]
-            if missing:
-                bad += 1
-                print(f'tensor {y} restored at op {back} by the list of tensor {a["tensor"]}: '
-                      f'lacks ops {missing}')
+                restores += [(y, ay, back, L) for ay, by in drops.get(y, [])
+                             if y != a['tensor'] and ay < back <= by]
+    # a drop restored by an earlier list's by-product: its own list never runs
+    first = {}
+    for y, ay, back, _ in restores:
+        first[(y, ay)] = min(first.get((y, ay), back), back)
+    n_by = len(restores) - len(lists)
+    bad = n_ops = 0
+    for y, ay, back, L in restores:
+        if back > first[(y, ay)]:
+            continue
+        need = b.closure(y, ay, back)
+        n_ops += len(need)
+        missing = [q for q in need if q not in L]
+        if missing:
+            bad += 1
+            print(f'tensor {y} (evicted after op {ay}) restored at op {back}: the list lacks '
+                  f'ops {missing}')
     print(f'{len(lists)} lists, {n_by} by-product restores, {n_ops} charged ops, '
           f'{bad} restores missing a charged op')
     return 1 if bad else 0
