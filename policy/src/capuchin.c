@@ -51,6 +51,8 @@
 #define MANY_TRIES 16u /* replays, and swaps, each exchange pass tries */
 #define MANY_PASSES 3u /* its passes, each with a search after */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
+#define TRADE_TRIES 16u /* replays each trade pass tries */
+#define TRADE_PASSES 3u /* its passes, each with a search after */
 #define GROUP_OPS 8u     /* multi-output ops the group move replays whole */
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
@@ -1054,6 +1056,16 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
    * run on its plan instead, can end slower. Short profiles only. */
   if (!rc && p->n_ops < CAP__SMALL_OPS)
     rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
+  /* costly replays traded for cheap drops of what stays on the device
+   * (trade.c), each pass that keeps one followed by the search */
+  for (uint32_t pass = 0;
+       !rc && p->n_ops < CAP__SMALL_OPS && pass < TRADE_PASSES; pass++) {
+    int64_t before = best->predicted_iter_ns;
+    rc = cap__trade_replays(best, p, cfg, TRADE_TRIES);
+    if (rc || best->predicted_iter_ns >= before)
+      break;
+    rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
+  }
   if (rc) {
     cap_plan_destroy(best);
     return rc;

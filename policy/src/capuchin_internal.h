@@ -315,6 +315,16 @@ int cap__polish_triggers(cap_plan_t *plan, const cap_profile_t *p,
 int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
                          const cap_plan_config_t *cfg, uint32_t max_sims);
 
+/* An action or a gap ranked for a move: sorted by key, ascending, then by
+ * tensor and access (cap__cmp_item, a qsort comparator; exchange_many.c). */
+typedef struct {
+  double key;
+  int64_t ns; /* replay time, or what a change saves */
+  uint32_t tensor, k;
+} cap__item_t;
+
+int cap__cmp_item(const void *a, const void *b);
+
 /* For each of the costliest replays of plan (at most max_tries), the swaps
  * cheapest to replay per byte whose bytes together cover it are replayed
  * instead and it is swapped; for each swap cheapest to replay per byte, the
@@ -322,6 +332,16 @@ int cap__substitute_late(cap_plan_t *plan, const cap_profile_t *p,
  * replayed. Keeps each change that the simulator finds faster, no higher
  * at its peak, and valid (exchange_many.c). Returns 0 or an error. */
 int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries);
+
+/* For each of the costliest replays of plan (at most max_tries), its tensor
+ * stays on the device, the lists that replay part of its list are rebuilt,
+ * and gaps the plan leaves on the device across part of its time off it,
+ * cheapest to replay per byte, are dropped instead until their bytes cover
+ * it, their replays costing less than its. Keeps each change that the
+ * simulator finds faster, no higher at its peak, and valid (trade.c).
+ * Returns 0 or an error. */
+int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 
 /* The ops with two or more evictable outputs, cheapest per byte first (at

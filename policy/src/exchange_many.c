@@ -33,14 +33,8 @@
 #define LATE_ROUNDS 8u      /* simulations per exchange, at most */
 #define MANY_MAX 8u         /* actions exchanged for one */
 
-typedef struct {
-  double key; /* ranking, ascending */
-  int64_t ns; /* replay time (a swap: of its lineage) */
-  uint32_t tensor, k;
-} item_t;
-
-static int cmp_item(const void *a, const void *b) {
-  const item_t *x = a, *y = b;
+int cap__cmp_item(const void *a, const void *b) {
+  const cap__item_t *x = a, *y = b;
   if (x->key != y->key)
     return x->key < y->key ? -1 : 1;
   if (x->tensor != y->tensor)
@@ -52,8 +46,8 @@ static int cmp_item(const void *a, const void *b) {
  * copy of plan; kept (plan holds it) when the simulator accepts it. */
 static int try_many(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, cap__lineage_t *lin,
-                    const item_t *const *xs, uint32_t nx,
-                    const item_t *const *ys, uint32_t ny, uint64_t limit,
+                    const cap__item_t *const *xs, uint32_t nx,
+                    const cap__item_t *const *ys, uint32_t ny, uint64_t limit,
                     bool *kept) {
   *kept = false;
   cap_plan_t *next = cap_plan_clone(plan);
@@ -117,10 +111,10 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
     return 0;
   uint64_t limit = plan->predicted_peak_bytes;
   uint32_t n_act = plan->n_actions;
-  item_t *ys = malloc(((size_t)n_act + 1) * sizeof *ys);
-  item_t *xs = malloc(((size_t)n_act + 1) * sizeof *xs);
-  item_t *zs = malloc(((size_t)n_act + 1) * sizeof *zs);
-  const item_t **pick = malloc(((size_t)n_act + 1) * sizeof *pick);
+  cap__item_t *ys = malloc(((size_t)n_act + 1) * sizeof *ys);
+  cap__item_t *xs = malloc(((size_t)n_act + 1) * sizeof *xs);
+  cap__item_t *zs = malloc(((size_t)n_act + 1) * sizeof *zs);
+  const cap__item_t **pick = malloc(((size_t)n_act + 1) * sizeof *pick);
   cap__lineage_t lin = {0};
   int rc = ys && xs && zs && pick ? 0 : CAP_ENOMEM;
   uint32_t ny = 0, nx = 0, nz = 0;
@@ -131,22 +125,22 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
     uint64_t bytes = p->tensors[a->tensor].bytes;
     if (a->method == CAP_METHOD_RECOMPUTE) {
       int64_t ns = cap__replay_ns(plan, p, a);
-      ys[ny++] = (item_t){-(double)ns, ns, a->tensor, a->evict_after_access};
+      ys[ny++] = (cap__item_t){-(double)ns, ns, a->tensor, a->evict_after_access};
       if (bytes && ns > 0)
-        zs[nz++] = (item_t){-(double)ns / (double)bytes, ns, a->tensor,
+        zs[nz++] = (cap__item_t){-(double)ns / (double)bytes, ns, a->tensor,
                             a->evict_after_access};
       continue;
     }
     int64_t ns;
     rc = cap__lineage_ns(&lin, p, a, &ns);
     if (!rc && ns >= 0 && bytes)
-      xs[nx++] = (item_t){(double)ns / (double)bytes, ns, a->tensor,
+      xs[nx++] = (cap__item_t){(double)ns / (double)bytes, ns, a->tensor,
                           a->evict_after_access};
   }
   if (!rc) {
-    qsort(ys, ny, sizeof *ys, cmp_item);
-    qsort(xs, nx, sizeof *xs, cmp_item);
-    qsort(zs, nz, sizeof *zs, cmp_item);
+    qsort(ys, ny, sizeof *ys, cap__cmp_item);
+    qsort(xs, nx, sizeof *xs, cap__cmp_item);
+    qsort(zs, nz, sizeof *zs, cap__cmp_item);
   }
   /* one costly replay swapped, several swaps cheap to replay per byte
    * replayed: first those copied out no later than it, then any */
@@ -156,7 +150,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
       continue;
     uint64_t y_bytes = p->tensors[ys[i].tensor].bytes;
     uint32_t y_out = cap_profile_access_op(p, ys[i].tensor, ys[i].k);
-    const item_t *y = &ys[i];
+    const cap__item_t *y = &ys[i];
     bool kept = false;
     for (int before = 1; before >= 0 && !kept && !rc; before--) {
       uint64_t bytes = 0;
@@ -199,7 +193,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
     }
     if (!n || ns <= xs[i].ns)
       continue;
-    const item_t *x = &xs[i];
+    const cap__item_t *x = &xs[i];
     bool kept;
     rc = try_many(plan, p, cfg, &lin, &x, 1, pick, n, limit, &kept);
   }

@@ -1,0 +1,349 @@
+/*
+ * A costly replay traded for cheap drops of tensors the plan leaves on the
+ * device.
+ *
+ * The greedy weighs each eviction alone and the local search changes one
+ * action at a time. On the transformers the greedy drops both the input of
+ * a GELU (an addmm output, 0.4 ms to replay) and its output, while the last
+ * layer's GELU output (35 us to replay from its input) stays on the device
+ * across the memory peak: bert_base at 50 %. No single change helps:
+ * keeping the addmm output raises the peak, dropping the other GELU output
+ * only adds a replay.
+ *
+ * So, for the costliest replays Y: keeping Y's tensor on the device (every
+ * other list that replays part of Y's list rebuilt from its lineage, what
+ * is off the device added back by cap__plan_make_explicit) is simulated,
+ * and what that saves ranks them. Then, the largest saving first, the ops
+ * where Y's bytes would take the plan over its peak are found (each op's
+ * device bytes from the simulator's residencies), and gaps the plan leaves
+ * on the device across all of them, cheapest to replay per byte first, with
+ * their sources on the device when they would replay, are dropped instead
+ * until their bytes cover Y's, while their replays cost less than what Y
+ * saves; a few such sets are tried. A change is kept when the simulator
+ * finds it faster, no higher at its peak, and valid.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "capuchin/error.h"
+#include "capuchin_internal.h"
+#include "planners.h"
+
+#define TRADE_MAX 8u      /* drops traded for one replay */
+#define TRADE_SETS 3u     /* sets of drops tried for one replay */
+
+/* Whether two sorted op lists share an op. */
+static bool lists_meet(const uint32_t *a, uint32_t na, const uint32_t *b,
+                       uint32_t nb) {
+  for (uint32_t i = 0, j = 0; i < na && j < nb;) {
+    if (a[i] == b[j])
+      return true;
+    if (a[i] < b[j])
+      i++;
+    else
+      j++;
+  }
+  return false;
+}
+
+/* Every gap of an evictable tensor that plan leaves on the device and that
+ * has a lineage (cap__lineage_ns: sources taken as on the device), cheapest
+ * to replay per byte first. */
+static int resident_gaps(const cap_plan_t *plan, const cap_profile_t *p,
+                         const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                         cap__item_t **out, uint32_t *n_out) {
+  uint32_t n = 0, cap = 0;
+  cap__item_t *v = NULL;
+  int rc = 0;
+  for (uint32_t t = 0; t < p->n_tensors && !rc; t++) {
+    const cap_tensor_t *ct = &p->tensors[t];
+    if (ct->producer_op == CAP_NONE || !cap__evictable(p, cfg, t))
+      continue;
+    for (uint32_t k = 1; k < ct->n_accesses && !rc; k++) {
+      const cap_action_t gap = {.tensor = t, .evict_after_access = k};
+      int64_t ns;
+      if (cap_profile_access_op(p, t, k + 1) < cap_profile_access_op(p, t, k) + 2 ||
+          cap__find_action(plan, t, k) != CAP_NONE)
+        continue;
+      rc = cap__lineage_ns(lin, p, &gap, &ns);
+      if (rc || ns < 0)
+        continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 256;
+        cap__item_t *nv = realloc(v, (size_t)cap * sizeof *nv);
+        if (!nv) {
+          rc = CAP_ENOMEM;
+          break;
+        }
+        v = nv;
+      }
+      v[n++] = (cap__item_t){(double)ns / (double)ct->bytes, ns, t, k};
+    }
+  }
+  if (rc) {
+    free(v);
+    return rc;
+  }
+  qsort(v, n, sizeof *v, cap__cmp_item);
+  *out = v;
+  *n_out = n;
+  return 0;
+}
+
+/* Whether every source of the list in lin (an input no earlier op of it
+ * writes) is on the device under plan at op b, where the list runs, or
+ * coming back by a prefetch issued before: a drop whose sources the plan has
+ * off the device otherwise would replay or fetch them too
+ * (cap__plan_make_explicit), at a cost the lineage does not show. */
+static bool sources_stay(const cap_plan_t *plan, const cap_profile_t *p,
+                         const cap__lineage_t *lin, uint32_t b) {
+  for (uint32_t i = 0; i < lin->n_ops; i++) {
+    const cap_op_t *o = &p->ops[lin->ops[i]];
+    const uint32_t *in = cap_op_inputs(p, o);
+    for (uint32_t j = 0; j < o->n_in; j++) {
+      bool made = false;
+      for (uint32_t q = 0; q < i && !made; q++) {
+        const cap_op_t *w = &p->ops[lin->ops[q]];
+        const uint32_t *out = cap_op_outputs(p, w);
+        for (uint32_t m = 0; m < w->n_out && !made; m++)
+          made = out[m] == in[j];
+      }
+      uint32_t k = cap_profile_accesses_before(p, in[j], b);
+      uint32_t ai = made || !k ? CAP_NONE : cap__find_action(plan, in[j], k);
+      if (ai == CAP_NONE)
+        continue;
+      /* a swap whose prefetch is issued before op b is coming back */
+      const cap_action_t *a = &plan->actions[ai];
+      if (a->method != CAP_METHOD_SWAP || a->prefetch_tensor == CAP_NONE ||
+          cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access) >=
+              b)
+        return false;
+    }
+  }
+  return true;
+}
+
+/* Replay yi of plan kept on the device, the gaps xs[0 .. nx) dropped, in
+ * a copy; kept (plan holds it) when the simulator accepts it. *gain: how
+ * much faster the copy ran (0 when it cannot run as written). */
+static int try_trade(cap_plan_t *plan, const cap_profile_t *p,
+                     const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                     uint32_t yi, const cap__item_t *const *xs, uint32_t nx,
+                     uint64_t limit, int64_t *gain) {
+  *gain = 0;
+  cap_plan_t *next = cap_plan_clone(plan);
+  if (!next)
+    return CAP_ENOMEM;
+  const cap_action_t *y = &plan->actions[yi];
+  const uint32_t *y_ops = cap_action_recompute_ops(plan, y);
+  /* the action goes, the others keep their order (copies are issued in
+   * action order); its list ops stay in the pool, unused */
+  memmove(&next->actions[yi], &next->actions[yi + 1],
+          (size_t)(next->n_actions - yi - 1) * sizeof *next->actions);
+  next->n_actions--;
+  int rc = 0;
+  for (uint32_t i = 0; i < next->n_actions && !rc; i++) {
+    const cap_action_t *a = &next->actions[i];
+    if (a->method != CAP_METHOD_RECOMPUTE || cap_action_is_release(a) ||
+        !lists_meet(cap_action_recompute_ops(next, a), a->n_recompute, y_ops,
+                    y->n_recompute))
+      continue;
+    int64_t ns;
+    rc = cap__lineage_ns(lin, p, a, &ns);
+    if (!rc && ns >= 0)
+      rc = cap__set_replay(next, i, lin);
+  }
+  for (uint32_t i = 0; i < nx && !rc; i++) {
+    const cap_action_t gap = {.tensor = xs[i]->tensor,
+                              .evict_after_access = xs[i]->k};
+    int64_t ns;
+    rc = cap__lineage_ns(lin, p, &gap, &ns);
+    if (!rc)
+      rc = cap_plan_add_recompute(next, xs[i]->tensor, xs[i]->k, lin->ops,
+                                  lin->n_ops);
+  }
+  if (!rc)
+    rc = cap__plan_make_explicit(next, p, NULL);
+  if (!rc)
+    rc = cap__plan_predict(next, p, &cfg->bw);
+  if (!rc) {
+    *gain = plan->predicted_iter_ns - next->predicted_iter_ns;
+    cap__take_if_better(plan, next, p, limit);
+  }
+  cap_plan_destroy(next);
+  return rc == CAP_ENOENT || rc == CAP_EINVAL ? 0 : rc;
+}
+
+/* Device bytes while each op runs under plan (its residencies, by the ops
+ * they span), into mem[0 .. n_ops). */
+static int op_bytes(const cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_bandwidth_t *bw, int64_t *mem) {
+  cap_sim_result_t r;
+  cap_residency_t *res = NULL;
+  uint32_t n_res = 0;
+  int rc = cap_sim_residency(p, plan, bw, &r, &res, &n_res);
+  if (rc)
+    return rc;
+  memset(mem, 0, ((size_t)p->n_ops + 1) * sizeof *mem);
+  /* persistent tensors the plan never evicts have no residency */
+  uint8_t *seen = calloc((size_t)p->n_tensors + 1, 1);
+  if (!seen) {
+    free(res);
+    cap_sim_result_close(&r);
+    return CAP_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n_res; i++)
+    seen[res[i].tensor] = 1;
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    if (!seen[t] && cap_tensor_is_resident(&p->tensors[t]))
+      mem[0] += (int64_t)p->tensors[t].bytes;
+  mem[p->n_ops] -= mem[0];
+  free(seen);
+  for (uint32_t i = 0; i < n_res; i++) {
+    uint32_t lo = res[i].first_op, hi = res[i].last_op;
+    if (lo == CAP_NONE || hi == CAP_NONE || hi < lo || lo >= p->n_ops)
+      continue;
+    mem[lo] += (int64_t)res[i].bytes;
+    mem[(hi < p->n_ops ? hi : p->n_ops - 1) + 1] -= (int64_t)res[i].bytes;
+  }
+  int64_t top = 0;
+  for (uint32_t o = 0; o < p->n_ops; o++) {
+    mem[o] += o ? mem[o - 1] : 0;
+    top = mem[o] > top ? mem[o] : top;
+  }
+  /* what the simulator counts beyond the tensors (the profile's resident
+   * bytes over its persistent tensors): its peak is the reference */
+  for (uint32_t o = 0; top < (int64_t)r.peak_bytes && o < p->n_ops; o++)
+    mem[o] += (int64_t)r.peak_bytes - top;
+  free(res);
+  cap_sim_result_close(&r);
+  return 0;
+}
+
+/* Gaps from xs (cheapest to replay per byte first) to drop in place of the
+ * replay ys keeps on the device: each spans the ops [h_lo, h_hi], none is
+ * evicted by plan, their sources stay (sources_stay), and together they
+ * cover y's bytes for less than its gain; the first `set` such sets' first
+ * gaps (skip) are left out. *n picks in pick, 0 when they do not cover. */
+static int pick_drops(const cap_plan_t *plan, const cap_profile_t *p,
+                      cap__lineage_t *lin, const cap__item_t *xs, uint32_t nx,
+                      const cap__item_t *y, uint32_t h_lo, uint32_t h_hi,
+                      uint32_t *skip, uint32_t set, const cap__item_t **pick,
+                      uint32_t *n) {
+  uint64_t y_bytes = p->tensors[y->tensor].bytes, bytes = 0;
+  int64_t ns = 0;
+  *n = 0;
+  for (uint32_t j = 0; j < nx && bytes < y_bytes && *n < TRADE_MAX; j++) {
+    bool skipped = false;
+    for (uint32_t q = 0; q < set; q++)
+      skipped |= skip[q] == j;
+    uint32_t xa = cap_profile_access_op(p, xs[j].tensor, xs[j].k);
+    uint32_t xb = cap_profile_access_op(p, xs[j].tensor, xs[j].k + 1);
+    if (skipped || xs[j].tensor == y->tensor || xa >= h_lo || xb <= h_hi ||
+        ns + xs[j].ns >= y->ns ||
+        cap__find_action(plan, xs[j].tensor, xs[j].k) != CAP_NONE)
+      continue;
+    const cap_action_t gap = {.tensor = xs[j].tensor, .evict_after_access = xs[j].k};
+    int64_t x_ns;
+    int rc = cap__lineage_ns(lin, p, &gap, &x_ns);
+    if (rc)
+      return rc;
+    if (x_ns < 0 || !sources_stay(plan, p, lin, xb))
+      continue;
+    if (!*n)
+      skip[set] = j;
+    ns += xs[j].ns;
+    bytes += p->tensors[xs[j].tensor].bytes;
+    pick[(*n)++] = &xs[j];
+  }
+  if (bytes < y_bytes)
+    *n = 0;
+  return 0;
+}
+
+/* The costliest replays of plan (at most max_tries) in ys[0 .. *ny), each
+ * with what keeping its tensor on the device saves, simulated (a list may
+ * replay another's lineage anyway), the largest first. A change that fits
+ * as it is stays. */
+static int rank_by_gain(cap_plan_t *plan, const cap_profile_t *p,
+                        const cap_plan_config_t *cfg, cap__lineage_t *lin,
+                        uint32_t max_tries, uint64_t limit, cap__item_t *ys,
+                        uint32_t *ny) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < plan->n_actions; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method != CAP_METHOD_RECOMPUTE || cap_action_is_release(a))
+      continue;
+    int64_t ns = cap__replay_ns(plan, p, a);
+    ys[n++] = (cap__item_t){-(double)ns, ns, a->tensor, a->evict_after_access};
+  }
+  qsort(ys, n, sizeof *ys, cap__cmp_item);
+  n = n < max_tries ? n : max_tries;
+  int rc = 0;
+  for (uint32_t i = 0; i < n && !rc; i++) {
+    uint32_t yi = cap__find_action(plan, ys[i].tensor, ys[i].k);
+    ys[i].ns = 0;
+    if (yi != CAP_NONE && plan->actions[yi].method == CAP_METHOD_RECOMPUTE)
+      rc = try_trade(plan, p, cfg, lin, yi, NULL, 0, limit, &ys[i].ns);
+    ys[i].key = -(double)ys[i].ns;
+  }
+  qsort(ys, n, sizeof *ys, cap__cmp_item);
+  *ny = n;
+  return rc;
+}
+
+int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  uint64_t limit = plan->predicted_peak_bytes;
+  cap__lineage_t lin = {0};
+  cap__item_t *xs = NULL;
+  uint32_t nx = 0, ny = 0;
+  cap__item_t *ys = malloc(((size_t)plan->n_actions + 1) * sizeof *ys);
+  const cap__item_t **pick = malloc(TRADE_MAX * sizeof *pick);
+  int64_t *mem = malloc(((size_t)p->n_ops + 1) * sizeof *mem);
+  int rc = ys && pick && mem ? 0 : CAP_ENOMEM;
+  if (!rc)
+    rc = resident_gaps(plan, p, cfg, &lin, &xs, &nx);
+  if (!rc)
+    rc = rank_by_gain(plan, p, cfg, &lin, max_tries, limit, ys, &ny);
+  if (!rc)
+    rc = op_bytes(plan, p, &cfg->bw, mem);
+  for (uint32_t i = 0; i < ny && ys[i].ns > 0 && !rc; i++) {
+    uint32_t yi = cap__find_action(plan, ys[i].tensor, ys[i].k);
+    if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
+      continue;
+    uint32_t ya = cap_profile_access_op(p, ys[i].tensor, ys[i].k);
+    uint32_t yb = cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1);
+    /* the ops the tensor's bytes would take over the limit */
+    uint32_t h_lo = CAP_NONE, h_hi = 0;
+    for (uint32_t o = ya + 1; o < yb; o++)
+      if (mem[o] + (int64_t)p->tensors[ys[i].tensor].bytes > (int64_t)limit) {
+        h_lo = h_lo == CAP_NONE ? o : h_lo;
+        h_hi = o;
+      }
+    if (h_lo == CAP_NONE)
+      continue;
+    /* a few sets of drops, each without the first of the one before */
+    uint32_t skip[TRADE_SETS], n;
+    for (uint32_t set = 0; set < TRADE_SETS && !rc; set++) {
+      rc = pick_drops(plan, p, &lin, xs, nx, &ys[i], h_lo, h_hi, skip, set,
+                      pick, &n);
+      if (rc || !n)
+        break;
+      int64_t before = plan->predicted_iter_ns, gain;
+      rc = try_trade(plan, p, cfg, &lin, yi, pick, n, limit, &gain);
+      if (!rc && plan->predicted_iter_ns < before) {
+        rc = op_bytes(plan, p, &cfg->bw, mem); /* the plan moved */
+        break;
+      }
+    }
+  }
+  cap__lineage_close(&lin);
+  free(xs);
+  free(ys);
+  free(pick);
+  free(mem);
+  return rc;
+}
