@@ -175,12 +175,16 @@ static int try_trade(cap_plan_t *plan, const cap_profile_t *p,
 }
 
 /* Device bytes while each op runs under plan (its residencies, by the ops
- * they span), into mem[0 .. n_ops). */
+ * they span), into mem[0 .. n_ops); the residencies in *res_out (the old
+ * ones freed), *n_out of them. */
 static int op_bytes(const cap_plan_t *plan, const cap_profile_t *p,
-                    const cap_bandwidth_t *bw, int64_t *mem) {
+                    const cap_bandwidth_t *bw, int64_t *mem,
+                    cap_residency_t **res_out, uint32_t *n_out) {
   cap_sim_result_t r;
   cap_residency_t *res = NULL;
   uint32_t n_res = 0;
+  free(*res_out);
+  *res_out = NULL;
   int rc = cap_sim_residency(p, plan, bw, &r, &res, &n_res);
   if (rc)
     return rc;
@@ -215,9 +219,20 @@ static int op_bytes(const cap_plan_t *plan, const cap_profile_t *p,
    * bytes over its persistent tensors): its peak is the reference */
   for (uint32_t o = 0; top < (int64_t)r.peak_bytes && o < p->n_ops; o++)
     mem[o] += (int64_t)r.peak_bytes - top;
-  free(res);
+  *res_out = res;
+  *n_out = n_res;
   cap_sim_result_close(&r);
   return 0;
+}
+
+/* The first op after op a at which tensor t is on the device again under
+ * the plan whose residencies are res (b when none before). */
+static uint32_t back_on_device(const cap_residency_t *res, uint32_t n_res,
+                               uint32_t t, uint32_t a, uint32_t b) {
+  for (uint32_t i = 0; i < n_res; i++)
+    if (res[i].tensor == t && res[i].first_op > a && res[i].first_op < b)
+      b = res[i].first_op;
+  return b;
 }
 
 /* Gaps from xs (cheapest to replay per byte first) to drop in place of the
@@ -308,15 +323,20 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
     rc = resident_gaps(plan, p, cfg, &lin, &xs, &nx);
   if (!rc)
     rc = rank_by_gain(plan, p, cfg, &lin, max_tries, limit, ys, &ny);
+  cap_residency_t *res = NULL;
+  uint32_t n_res = 0;
   if (!rc)
-    rc = op_bytes(plan, p, &cfg->bw, mem);
+    rc = op_bytes(plan, p, &cfg->bw, mem, &res, &n_res);
   for (uint32_t i = 0; i < ny && ys[i].ns > 0 && !rc; i++) {
     uint32_t yi = cap__find_action(plan, ys[i].tensor, ys[i].k);
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
     uint32_t ya = cap_profile_access_op(p, ys[i].tensor, ys[i].k);
-    uint32_t yb = cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1);
-    /* the ops the tensor's bytes would take over the limit */
+    /* the ops, while the tensor is off the device (another list may bring
+     * it back before its own), that its bytes would take over the limit */
+    uint32_t yb = back_on_device(
+        res, n_res, ys[i].tensor, ya,
+        cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1));
     uint32_t h_lo = CAP_NONE, h_hi = 0;
     for (uint32_t o = ya + 1; o < yb; o++)
       if (mem[o] + (int64_t)p->tensors[ys[i].tensor].bytes > (int64_t)limit) {
@@ -335,7 +355,7 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
       int64_t before = plan->predicted_iter_ns, gain;
       rc = try_trade(plan, p, cfg, &lin, yi, pick, n, limit, &gain);
       if (!rc && plan->predicted_iter_ns < before) {
-        rc = op_bytes(plan, p, &cfg->bw, mem); /* the plan moved */
+        rc = op_bytes(plan, p, &cfg->bw, mem, &res, &n_res); /* it moved */
         break;
       }
     }
@@ -345,5 +365,6 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
   free(ys);
   free(pick);
   free(mem);
+  free(res);
   return rc;
 }

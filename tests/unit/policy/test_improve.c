@@ -264,10 +264,85 @@ static void test_late_swap_replayed(void) {
   finish(plan, p, &base);
 }
 
+/* As in bert_base's MLPs: A (100 MB, 2 ms to make, a fc1 output) and B =
+ * gelu(A) (100 MB) both dropped, while C (100 MB, 10 us from the weights,
+ * another layer's GELU output) stays on the device across D's stretch
+ * (budget 260 MB: two of A, B, C must be off the device there):
+ *   op0 A = mm W (2 ms), op1 B = gelu A, op2 C = relu W, op3 D = mul W,
+ *   op4 reads D, op5 reads C, op6 reads B, op7 reads A (10 us or 100 us).
+ * B's list must replay op0 (A is dropped): 2.01 ms. Keeping A instead, B's
+ * list is op1 alone, and C dropped in its place replays in 10 us: no
+ * higher at the peak, 2 ms faster. No single change does it: keeping A
+ * alone goes over the peak, dropping C alone only adds a replay. */
+static cap_profile_t *fc_gelu(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { W, A, B, C, D, T4, T5, T6, T7 };
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, B, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, C, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 150 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T4; i <= T7; i++)
+    fx_tensor(&f, i, 1 * MB, CAP_KIND_ACTIVATION);
+  uint32_t w = W, a = A, b = B, c = C, d = D, t4 = T4, t5 = T5, t6 = T6,
+           t7 = T7;
+  fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &a, 1);
+  fx_op(&f, 2000 * US, 2010 * US, "aten.gelu.default", &a, 1, &b, 1);
+  fx_op(&f, 2010 * US, 2020 * US, "aten.relu.default", &w, 1, &c, 1);
+  fx_op(&f, 2020 * US, 2120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  fx_op(&f, 2120 * US, 2220 * US, "aten.sum.default", &d, 1, &t4, 1);
+  fx_free(&f, 2220 * US, D);
+  fx_free(&f, 2220 * US, T4);
+  fx_op(&f, 2220 * US, 2320 * US, "aten.sum.default", &c, 1, &t5, 1);
+  fx_free(&f, 2320 * US, C);
+  fx_free(&f, 2320 * US, T5);
+  fx_op(&f, 2320 * US, 2420 * US, "aten.sum.default", &b, 1, &t6, 1);
+  fx_free(&f, 2420 * US, B);
+  fx_free(&f, 2420 * US, T6);
+  fx_op(&f, 2420 * US, 2520 * US, "aten.sum.default", &a, 1, &t7, 1);
+  fx_free(&f, 2520 * US, A);
+  fx_free(&f, 2520 * US, T7);
+  return fx_finish(&f);
+}
+
+static void test_replay_traded_for_cheap_drop(void) {
+  cap_profile_t *p = fc_gelu();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 260 * MB, &cfg, &base);
+  REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
+  uint32_t a_list[] = {0}, b_list[] = {0, 1};
+  REQUIRE(cap_plan_add_recompute(plan, 1, 2, a_list, 1) == 0); /* A */
+  REQUIRE(cap_plan_add_recompute(plan, 2, 1, b_list, 2) == 0); /* B */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2010 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  /* the local search alone finds nothing better */
+  cap_plan_t *searched = cap_plan_clone(plan);
+  REQUIRE(searched);
+  REQUIRE(cap__plan_improve(searched, p, &cfg, 64) == 0);
+  CHECK_EQ(searched->predicted_iter_ns, plan->predicted_iter_ns);
+  cap_plan_destroy(searched);
+  REQUIRE(cap__trade_replays(plan, p, &cfg, 16) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 20 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  CHECK_EQ(cap__find_action(plan, 1, 2), CAP_NONE); /* A stays */
+  uint32_t bi = cap__find_action(plan, 2, 1), ci = cap__find_action(plan, 3, 1);
+  REQUIRE(bi != CAP_NONE && ci != CAP_NONE);
+  CHECK_EQ(plan->actions[bi].n_recompute, 1); /* gelu alone */
+  CHECK_EQ(plan->actions[ci].method, CAP_METHOD_RECOMPUTE);
+  finish(plan, p, &base);
+}
+
 int main(void) {
   RUN_TEST(test_late_prefetch_moves_earlier);
   RUN_TEST(test_replays_share_lineage);
   RUN_TEST(test_swap_exchanged_for_replay);
   RUN_TEST(test_late_swap_replayed);
+  RUN_TEST(test_replay_traded_for_cheap_drop);
   return TEST_SUMMARY();
 }
