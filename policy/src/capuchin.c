@@ -968,6 +968,25 @@ static uint32_t subst_sims(const cap_profile_t *p) {
  * them further), each repeated while it finds something, then the winning
  * variant again without the costliest replays. *out is the best plan,
  * fitting or not (0, or an error with *out NULL). */
+/* Passes of a move (exchange_many.c, trade.c) on plan, at most n_passes:
+ * each that keeps a change is followed by the search, on what it moved,
+ * and by another pass. */
+static int move_passes(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg,
+                       int (*move)(cap_plan_t *, const cap_profile_t *,
+                                   const cap_plan_config_t *, uint32_t),
+                       uint32_t tries, uint32_t n_passes) {
+  int rc = 0;
+  for (uint32_t pass = 0; !rc && pass < n_passes; pass++) {
+    int64_t before = plan->predicted_iter_ns;
+    rc = move(plan, p, cfg, tries);
+    if (rc || plan->predicted_iter_ns >= before)
+      break;
+    rc = cap__plan_improve(plan, p, cfg, IMPROVE_TRIES);
+  }
+  return rc;
+}
+
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
   cap_plan_t *best = NULL, *alt = NULL, *runners[RUNNERS_UP];
@@ -1044,28 +1063,17 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
    * may end slower); each change is kept only when faster, and each pass
    * that keeps one is followed by the search, on what it moved, and by
    * another pass */
-  for (uint32_t pass = 0;
-       !rc && p->n_ops < CAP__SMALL_OPS && pass < MANY_PASSES; pass++) {
-    int64_t before = best->predicted_iter_ns;
-    rc = cap__exchange_many(best, p, cfg, MANY_TRIES);
-    if (rc || best->predicted_iter_ns >= before)
-      break;
-    rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
-  }
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = move_passes(best, p, cfg, cap__exchange_many, MANY_TRIES, MANY_PASSES);
   /* multi-output ops replayed whole (group.c), last: the passes above,
    * run on its plan instead, can end slower. Short profiles only. */
   if (!rc && p->n_ops < CAP__SMALL_OPS)
     rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
   /* costly replays traded for cheap drops of what stays on the device
-   * (trade.c), each pass that keeps one followed by the search */
-  for (uint32_t pass = 0;
-       !rc && p->n_ops < CAP__SMALL_OPS && pass < TRADE_PASSES; pass++) {
-    int64_t before = best->predicted_iter_ns;
-    rc = cap__trade_replays(best, p, cfg, TRADE_TRIES);
-    if (rc || best->predicted_iter_ns >= before)
-      break;
-    rc = cap__plan_improve(best, p, cfg, IMPROVE_TRIES);
-  }
+   * (trade.c), last, the same way */
+  if (!rc && p->n_ops < CAP__SMALL_OPS)
+    rc = move_passes(best, p, cfg, cap__trade_replays, TRADE_TRIES,
+                     TRADE_PASSES);
   if (rc) {
     cap_plan_destroy(best);
     return rc;
