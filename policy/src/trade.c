@@ -236,29 +236,39 @@ static uint32_t back_on_device(const cap_residency_t *res, uint32_t n_res,
 }
 
 /* Gaps from xs (cheapest to replay per byte first) to drop in place of the
- * replay ys keeps on the device: each spans the ops [h_lo, h_hi], none is
- * evicted by plan, their sources stay (sources_stay), and together they
- * cover y's bytes for less than its gain; the first `set` such sets' first
- * gaps (skip) are left out. *n picks in pick, 0 when they do not cover. */
+ * replay y keeps on the device: need[o] for o in [h_lo, h_hi] is how far
+ * its bytes would take op o over the limit, and each gap taken frees its
+ * bytes over the ops it spans, until no op is over; a gap is taken when it
+ * spans an op still over (span_all: every op in [h_lo, h_hi]), no action
+ * of plan evicts it, its sources stay
+ * (sources_stay), and the replays taken cost less than y's gain. The first
+ * gaps of the `set` sets before (skip) are left out. *n picks in pick, 0
+ * when they do not cover. need is used up. */
 static int pick_drops(const cap_plan_t *plan, const cap_profile_t *p,
                       cap__lineage_t *lin, const cap__item_t *xs, uint32_t nx,
-                      const cap__item_t *y, uint32_t h_lo, uint32_t h_hi,
-                      uint32_t *skip, uint32_t set, const cap__item_t **pick,
-                      uint32_t *n) {
-  uint64_t y_bytes = p->tensors[y->tensor].bytes, bytes = 0;
+                      const cap__item_t *y, int64_t *need, uint32_t h_lo,
+                      uint32_t h_hi, bool span_all, uint32_t *skip,
+                      uint32_t set, const cap__item_t **pick, uint32_t *n) {
   int64_t ns = 0;
+  bool over = true;
   *n = 0;
-  for (uint32_t j = 0; j < nx && bytes < y_bytes && *n < TRADE_MAX; j++) {
+  for (uint32_t j = 0; j < nx && over && *n < TRADE_MAX; j++) {
     bool skipped = false;
     for (uint32_t q = 0; q < set; q++)
       skipped |= skip[q] == j;
     uint32_t xa = cap_profile_access_op(p, xs[j].tensor, xs[j].k);
     uint32_t xb = cap_profile_access_op(p, xs[j].tensor, xs[j].k + 1);
-    if (skipped || xs[j].tensor == y->tensor || xa >= h_lo || xb <= h_hi ||
+    uint32_t lo = xa + 1 > h_lo ? xa + 1 : h_lo, hi = xb - 1 < h_hi ? xb - 1 : h_hi;
+    bool helps = false;
+    for (uint32_t o = lo; o <= hi && lo <= hi && !helps; o++)
+      helps = need[o - h_lo] > 0;
+    if (skipped || !helps || (span_all && (lo > h_lo || hi < h_hi)) ||
+        xs[j].tensor == y->tensor ||
         ns + xs[j].ns >= y->ns ||
         cap__find_action(plan, xs[j].tensor, xs[j].k) != CAP_NONE)
       continue;
-    const cap_action_t gap = {.tensor = xs[j].tensor, .evict_after_access = xs[j].k};
+    const cap_action_t gap = {.tensor = xs[j].tensor,
+                              .evict_after_access = xs[j].k};
     int64_t x_ns;
     int rc = cap__lineage_ns(lin, p, &gap, &x_ns);
     if (rc)
@@ -268,10 +278,14 @@ static int pick_drops(const cap_plan_t *plan, const cap_profile_t *p,
     if (!*n)
       skip[set] = j;
     ns += xs[j].ns;
-    bytes += p->tensors[xs[j].tensor].bytes;
     pick[(*n)++] = &xs[j];
+    for (uint32_t o = lo; o <= hi; o++)
+      need[o - h_lo] -= (int64_t)p->tensors[xs[j].tensor].bytes;
+    over = false;
+    for (uint32_t o = h_lo; o <= h_hi && !over; o++)
+      over = need[o - h_lo] > 0;
   }
-  if (bytes < y_bytes)
+  if (over)
     *n = 0;
   return 0;
 }
@@ -318,7 +332,8 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
   cap__item_t *ys = malloc(((size_t)plan->n_actions + 1) * sizeof *ys);
   const cap__item_t **pick = malloc(TRADE_MAX * sizeof *pick);
   int64_t *mem = malloc(((size_t)p->n_ops + 1) * sizeof *mem);
-  int rc = ys && pick && mem ? 0 : CAP_ENOMEM;
+  int64_t *need = malloc(((size_t)p->n_ops + 1) * sizeof *need);
+  int rc = ys && pick && mem && need ? 0 : CAP_ENOMEM;
   if (!rc)
     rc = resident_gaps(plan, p, cfg, &lin, &xs, &nx);
   if (!rc)
@@ -332,6 +347,7 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
     if (yi == CAP_NONE || plan->actions[yi].method != CAP_METHOD_RECOMPUTE)
       continue;
     uint32_t ya = cap_profile_access_op(p, ys[i].tensor, ys[i].k);
+    int64_t y_bytes = (int64_t)p->tensors[ys[i].tensor].bytes;
     /* the ops, while the tensor is off the device (another list may bring
      * it back before its own), that its bytes would take over the limit */
     uint32_t yb = back_on_device(
@@ -339,22 +355,29 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
         cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1));
     uint32_t h_lo = CAP_NONE, h_hi = 0;
     for (uint32_t o = ya + 1; o < yb; o++)
-      if (mem[o] + (int64_t)p->tensors[ys[i].tensor].bytes > (int64_t)limit) {
+      if (mem[o] + y_bytes > (int64_t)limit) {
         h_lo = h_lo == CAP_NONE ? o : h_lo;
         h_hi = o;
       }
     if (h_lo == CAP_NONE)
       continue;
-    /* a few sets of drops, each without the first of the one before */
-    uint32_t skip[TRADE_SETS], n;
-    for (uint32_t set = 0; set < TRADE_SETS && !rc; set++) {
-      rc = pick_drops(plan, p, &lin, xs, nx, &ys[i], h_lo, h_hi, skip, set,
-                      pick, &n);
-      if (rc || !n)
-        break;
-      int64_t before = plan->predicted_iter_ns, gain;
-      rc = try_trade(plan, p, cfg, &lin, yi, pick, n, limit, &gain);
-      if (!rc && plan->predicted_iter_ns < before) {
+    /* a few sets of drops, each without the first of the one before: gaps
+     * that span every op over first, then any that relieve some */
+    for (int span_all = 1; span_all >= 0 && !rc; span_all--) {
+      uint32_t skip[TRADE_SETS], n;
+      bool kept = false;
+      for (uint32_t set = 0; set < TRADE_SETS && !rc && !kept; set++) {
+        for (uint32_t o = h_lo; o <= h_hi; o++)
+          need[o - h_lo] = mem[o] + y_bytes - (int64_t)limit;
+        rc = pick_drops(plan, p, &lin, xs, nx, &ys[i], need, h_lo, h_hi,
+                        span_all, skip, set, pick, &n);
+        if (rc || !n)
+          break;
+        int64_t before = plan->predicted_iter_ns, gain;
+        rc = try_trade(plan, p, cfg, &lin, yi, pick, n, limit, &gain);
+        kept = !rc && plan->predicted_iter_ns < before;
+      }
+      if (kept) {
         rc = op_bytes(plan, p, &cfg->bw, mem, &res, &n_res); /* it moved */
         break;
       }
@@ -365,6 +388,7 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
   free(ys);
   free(pick);
   free(mem);
+  free(need);
   free(res);
   return rc;
 }
