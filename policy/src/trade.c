@@ -15,12 +15,14 @@
  * is off the device added back by cap__plan_make_explicit) is simulated,
  * and what that saves ranks them. Then, the largest saving first, the ops
  * where Y's bytes would take the plan over its peak are found (each op's
- * device bytes from the simulator's residencies), and gaps the plan leaves
- * on the device across all of them, cheapest to replay per byte first, with
- * their sources on the device when they would replay, are dropped instead
- * until their bytes cover Y's, while their replays cost less than what Y
- * saves; a few such sets are tried. A change is kept when the simulator
- * finds it faster, no higher at its peak, and valid.
+ * device bytes from the simulator's residencies, up to where another list
+ * brings Y's tensor back), and gaps the plan leaves on the device across
+ * them, cheapest to replay per byte first, with their sources on the device
+ * when they would replay, are dropped instead, while their replays cost
+ * less than what Y saves: first gaps that span all those ops until their
+ * bytes cover Y's, else gaps that relieve each op by its excess; a few such
+ * sets are tried. A change is kept when the simulator finds it faster, no
+ * higher at its peak, and valid.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +31,8 @@
 #include "capuchin_internal.h"
 #include "planners.h"
 
-#define TRADE_MAX 8u      /* drops traded for one replay */
-#define TRADE_SETS 3u     /* sets of drops tried for one replay */
+#define TRADE_MAX 8u  /* drops traded for one replay */
+#define TRADE_SETS 3u /* sets of drops tried for one replay */
 
 /* Whether two sorted op lists share an op. */
 static bool lists_meet(const uint32_t *a, uint32_t na, const uint32_t *b,
@@ -62,7 +64,8 @@ static int resident_gaps(const cap_plan_t *plan, const cap_profile_t *p,
     for (uint32_t k = 1; k < ct->n_accesses && !rc; k++) {
       const cap_action_t gap = {.tensor = t, .evict_after_access = k};
       int64_t ns;
-      if (cap_profile_access_op(p, t, k + 1) < cap_profile_access_op(p, t, k) + 2 ||
+      if (cap_profile_access_op(p, t, k + 1) <
+              cap_profile_access_op(p, t, k) + 2 ||
           cap__find_action(plan, t, k) != CAP_NONE)
         continue;
       rc = cap__lineage_ns(lin, p, &gap, &ns);
@@ -115,8 +118,7 @@ static bool sources_stay(const cap_plan_t *plan, const cap_profile_t *p,
       /* a swap whose prefetch is issued before op b is coming back */
       const cap_action_t *a = &plan->actions[ai];
       if (a->method != CAP_METHOD_SWAP || a->prefetch_tensor == CAP_NONE ||
-          cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access) >=
-              b)
+          cap_profile_access_op(p, a->prefetch_tensor, a->prefetch_access) >= b)
         return false;
     }
   }
@@ -258,13 +260,13 @@ static int pick_drops(const cap_plan_t *plan, const cap_profile_t *p,
       skipped |= skip[q] == j;
     uint32_t xa = cap_profile_access_op(p, xs[j].tensor, xs[j].k);
     uint32_t xb = cap_profile_access_op(p, xs[j].tensor, xs[j].k + 1);
-    uint32_t lo = xa + 1 > h_lo ? xa + 1 : h_lo, hi = xb - 1 < h_hi ? xb - 1 : h_hi;
+    uint32_t lo = xa + 1 > h_lo ? xa + 1 : h_lo,
+             hi = xb - 1 < h_hi ? xb - 1 : h_hi;
     bool helps = false;
     for (uint32_t o = lo; o <= hi && lo <= hi && !helps; o++)
       helps = need[o - h_lo] > 0;
     if (skipped || !helps || (span_all && (lo > h_lo || hi < h_hi)) ||
-        xs[j].tensor == y->tensor ||
-        ns + xs[j].ns >= y->ns ||
+        xs[j].tensor == y->tensor || ns + xs[j].ns >= y->ns ||
         cap__find_action(plan, xs[j].tensor, xs[j].k) != CAP_NONE)
       continue;
     const cap_action_t gap = {.tensor = xs[j].tensor,
@@ -350,9 +352,9 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
     int64_t y_bytes = (int64_t)p->tensors[ys[i].tensor].bytes;
     /* the ops, while the tensor is off the device (another list may bring
      * it back before its own), that its bytes would take over the limit */
-    uint32_t yb = back_on_device(
-        res, n_res, ys[i].tensor, ya,
-        cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1));
+    uint32_t yb =
+        back_on_device(res, n_res, ys[i].tensor, ya,
+                       cap_profile_access_op(p, ys[i].tensor, ys[i].k + 1));
     uint32_t h_lo = CAP_NONE, h_hi = 0;
     for (uint32_t o = ya + 1; o < yb; o++)
       if (mem[o] + y_bytes > (int64_t)limit) {
