@@ -87,7 +87,8 @@ static int resident_gaps(const cap_plan_t *plan, const cap_profile_t *p,
     free(v);
     return rc;
   }
-  qsort(v, n, sizeof *v, cap__cmp_item);
+  if (n) /* qsort wants a pointer even for nothing */
+    qsort(v, n, sizeof *v, cap__cmp_item);
   *out = v;
   *n_out = n;
   return 0;
