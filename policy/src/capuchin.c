@@ -961,13 +961,6 @@ static uint32_t subst_sims(const cap_profile_t *p) {
   return n ? n : 1;
 }
 
-/* The whole planner at one configuration: the portfolio, Belady's plan
- * where the portfolio finds none above the floor, the local search on the
- * best plan and, with a quarter of the tries each, on the portfolio's next
- * RUNNERS_UP (RUNNERS_UP_LONG on long profiles; the search may take one of
- * them further), each repeated while it finds something, then the winning
- * variant again without the costliest replays. *out is the best plan,
- * fitting or not (0, or an error with *out NULL). */
 /* Passes of a move (exchange_many.c, trade.c) on plan, at most n_passes:
  * each that keeps a change is followed by the search, on what it moved,
  * and by another pass. */
@@ -987,6 +980,13 @@ static int move_passes(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* The whole planner at one configuration: the portfolio, Belady's plan
+ * where the portfolio finds none above the floor, the local search on the
+ * best plan and, with a quarter of the tries each, on the portfolio's next
+ * RUNNERS_UP (RUNNERS_UP_LONG on long profiles; the search may take one of
+ * them further), each repeated while it finds something, then the winning
+ * variant again without the costliest replays. *out is the best plan,
+ * fitting or not (0, or an error with *out NULL). */
 static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
                    cap_plan_t **out) {
   cap_plan_t *best = NULL, *alt = NULL, *runners[RUNNERS_UP];

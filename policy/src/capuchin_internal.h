@@ -334,13 +334,13 @@ int cap__cmp_item(const void *a, const void *b);
 int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 
-/* For each of the costliest replays of plan (at most max_tries), its tensor
- * stays on the device, the lists that replay part of its list are rebuilt,
- * and gaps the plan leaves on the device across part of its time off it,
- * cheapest to replay per byte, are dropped instead until their bytes cover
- * it, their replays costing less than its. Keeps each change that the
- * simulator finds faster, no higher at its peak, and valid (trade.c).
- * Returns 0 or an error. */
+/* For the costliest replays of plan (at most max_tries), ranked by what
+ * keeping their tensor on the device saves (the lists that replay part of
+ * its list rebuilt): the tensor stays, and gaps the plan leaves on the
+ * device across the ops it would take over the plan's peak, cheapest to
+ * replay per byte, are dropped instead, their replays costing less than
+ * the saving. Keeps each change that the simulator finds faster, no higher
+ * at its peak, and valid (trade.c). Returns 0 or an error. */
 int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 

@@ -83,20 +83,18 @@ def name_is_inplace(name):
 class TightBound(lb.LowerBound):
     def __init__(self, tr, *args, **kw):
         super().__init__(tr, *args, **kw)
-        writes = defaultdict(list)                # T -> in-place writers after its producer
+        # writes: T -> its in-place writers after its producer (an op listing T on both
+        # sides); inplace: x -> every op that writes x in place, whatever x's kind
+        # (cap_profile_written_in_place: the CAP_OP_INPLACE flag, x among the outputs)
+        self.writes, self.inplace = defaultdict(list), defaultdict(list)
         for i, (_, _, name, ins, outs) in enumerate(tr.ops):
-            if name_is_inplace(name):
-                for x in set(ins) & set(outs):
-                    if tr.kind[x] == 'activation' and x in tr.producer and i > tr.producer[x]:
-                        writes[x].append(i)
-        self.writes = writes
-        # every op that writes x in place (cap_profile_written_in_place: the
-        # CAP_OP_INPLACE flag, x among the outputs), whatever x's kind
-        self.inplace = defaultdict(list)
-        for i, (_, _, name, ins, outs) in enumerate(tr.ops):
-            if name_is_inplace(name):
-                for x in dict.fromkeys(outs):
-                    self.inplace[x].append(i)
+            if not name_is_inplace(name):
+                continue
+            for x in dict.fromkeys(outs):
+                self.inplace[x].append(i)
+                if x in ins and tr.kind[x] == 'activation' and x in tr.producer \
+                        and i > tr.producer[x]:
+                    self.writes[x].append(i)
 
     def gone(self, x, o, i):
         """plan_walk.c run_list: may a list run at op i NOT take input x of its op o from the
