@@ -961,6 +961,15 @@ static uint32_t subst_sims(const cap_profile_t *p) {
   return n ? n : 1;
 }
 
+/* Replays a trade pass tries: fewer on long profiles, as for the
+ * search's tries. */
+static uint32_t trade_tries(const cap_profile_t *p) {
+  if (p->n_ops < CAP__SMALL_OPS)
+    return TRADE_TRIES;
+  uint32_t n = (uint32_t)((uint64_t)TRADE_TRIES * CAP__SMALL_OPS / p->n_ops);
+  return n ? n : 1;
+}
+
 /* Passes of a move (exchange_many.c, trade.c) on plan, at most n_passes:
  * each that keeps a change is followed by the search, on what it moved,
  * and by another pass. */
@@ -1070,9 +1079,11 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   if (!rc && p->n_ops < CAP__SMALL_OPS)
     rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
   /* costly replays traded for cheap drops of what stays on the device
-   * (trade.c), last, the same way */
-  if (!rc && p->n_ops < CAP__SMALL_OPS)
-    rc = move_passes(best, p, cfg, cap__trade_replays, TRADE_TRIES,
+   * (trade.c), last, the same way; on long profiles too, with fewer tries
+   * (cheap where it finds nothing: bert_large at 50 % keeps its planning
+   * time) */
+  if (!rc && p->n_ops <= PORTFOLIO_FULL_OPS)
+    rc = move_passes(best, p, cfg, cap__trade_replays, trade_tries(p),
                      TRADE_PASSES);
   if (rc) {
     cap_plan_destroy(best);
