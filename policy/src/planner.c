@@ -5,6 +5,7 @@
  */
 #include "capuchin/planner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "capuchin/error.h"
@@ -36,42 +37,63 @@ static const cap__planner_fn planner_fns[] = {
     cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
 };
 
-/* Every op needs its own inputs and outputs on the device at once, on top
- * of what never leaves it. */
-/* Whether tensor x is on the device through the whole iteration whatever
- * the plan: resident without persistent eviction, or one the framework
- * cannot give up (no_evict) with it. */
-static bool counted_always(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                           uint32_t x) {
+/* Whether persistent tensor x may be off the device during op i under the
+ * plan semantics: evicted after an access before i, back for an access
+ * after i (it cannot leave before its first access, nor after its last:
+ * a persistent tensor is never released), and not one of op i's own. */
+static bool may_be_off(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                       uint32_t x, uint32_t i) {
   const cap_tensor_t *t = &p->tensors[x];
-  return cap_tensor_is_resident(t) && (!cfg->evict_persistent || t->no_evict);
+  if (!cfg->evict_persistent || t->no_evict || t->n_accesses < 2)
+    return false;
+  const uint32_t *acc = p->access_ops + t->access_off;
+  return acc[0] < i && i < acc[t->n_accesses - 1];
 }
 
+/* Every op needs its own inputs and outputs on the device at once, on top
+ * of the persistent bytes that cannot be off the device then: all of them
+ * without persistent eviction; with it, those marked no_evict, those not
+ * accessed yet or no longer, and what persistent_bytes holds beyond the
+ * tensors (resident before the iteration, no tensor of the profile). */
 uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cfg) {
   if (!p || !cfg)
     return 0;
-  uint64_t best = 0, kept = 0;
-  for (uint32_t x = 0; x < p->n_tensors && cfg->evict_persistent; x++)
-    if (counted_always(p, cfg, x))
-      kept += p->tensors[x].bytes;
+  /* off[i]: persistent bytes that may be off the device during op i, but
+   * for op i's own (added back below); a difference array over the ops
+   * strictly between a tensor's first and last access */
+  int64_t *off = calloc((size_t)p->n_ops + 1, sizeof *off);
+  if (!off)
+    return 0; /* no floor known */
+  for (uint32_t x = 0; x < p->n_tensors && cfg->evict_persistent; x++) {
+    const cap_tensor_t *t = &p->tensors[x];
+    if (!cap_tensor_is_resident(t) || t->no_evict || t->n_accesses < 2)
+      continue;
+    const uint32_t *acc = p->access_ops + t->access_off;
+    off[acc[0] + 1] += (int64_t)t->bytes;
+    off[acc[t->n_accesses - 1]] -= (int64_t)t->bytes;
+  }
+  uint64_t best = 0;
+  int64_t relievable = 0;
+  const uint32_t *ts = p->op_tensors;
   for (uint32_t o = 0; o < p->n_ops; o++) {
+    relievable += off[o];
     const cap_op_t *op = &p->ops[o];
-    uint64_t sum = cfg->evict_persistent ? kept : p->persistent_bytes;
-    const uint32_t *ts = p->op_tensors;
+    uint64_t sum = p->persistent_bytes - (uint64_t)relievable;
     uint32_t n = op->n_in + op->n_out;
     for (uint32_t i = 0; i < n; i++) {
       uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
-      if (counted_always(p, cfg, x))
-        continue;
       bool dup = false;
       for (uint32_t j = 0; j < i && !dup; j++)
         dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
-      if (!dup)
+      if (dup)
+        continue;
+      if (!cap_tensor_is_resident(&p->tensors[x]) || may_be_off(p, cfg, x, o))
         sum += p->tensors[x].bytes;
     }
     if (sum > best)
       best = sum;
   }
+  free(off);
   return best;
 }
 

@@ -273,8 +273,10 @@ static int cmd_info(const sim_args_t *a, const cap_profile_t *p) {
     printf(",\"persistent_bytes\":%" PRIu64 ",\"peak_bytes\":%" PRIu64
            ",\"peak_t_ns\":%" PRId64 ",\"transient_peak_bytes\":%" PRIu64,
            p->persistent_bytes, p->peak_bytes, p->peak_t_ns, transient);
-    printf(",\"meta_peak_bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
-           p->meta_peak_bytes, p->resident_bytes);
+    printf(",\"meta_peak_bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64
+           ",\"untracked_bytes\":%" PRIu64,
+           p->meta_peak_bytes, p->resident_bytes,
+           cap_profile_untracked_bytes(p));
     printf(",\"iter_ns\":%" PRId64 ",\"accesses\":%" PRIu32
            ",\"multi_access_tensors\":%" PRIu32 ",\"frees\":%" PRIu32
            ",\"signature\":\"%016" PRIx64 "\"}\n",
@@ -286,7 +288,8 @@ static int cmd_info(const sim_args_t *a, const cap_profile_t *p) {
            " input, %" PRIu32 " activation)\n",
            p->n_tensors, kinds[CAP_KIND_PARAM], kinds[CAP_KIND_INPUT],
            kinds[CAP_KIND_ACTIVATION]);
-    printf("persistent            %.1f MiB\n", mib(p->persistent_bytes));
+    printf("persistent            %.1f MiB (%.1f MiB in no tensor)\n",
+           mib(p->persistent_bytes), mib(cap_profile_untracked_bytes(p)));
     printf("peak                  %.1f MiB at %.3f ms\n", mib(p->peak_bytes),
            ms(p->peak_t_ns));
     printf("transient peak        %.1f MiB\n", mib(transient));
@@ -483,11 +486,14 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
             "capuchin-sim: no plan fits the budget of %" PRIu64
             " bytes (%.1f MiB); the smallest feasible peak found is %" PRIu64
             " bytes (%.1f MiB, %s%s); no plan can fit below %" PRIu64
-            " bytes (%.1f MiB: the largest op's own tensors%s)\n",
+            " bytes (%.1f MiB: an op's own tensors plus the persistent "
+            "bytes%s, %.1f MiB of them resident before the iteration in no "
+            "tensor)\n",
             budget, mib(budget), best, mib(best), best_policy,
             a->placement ? ", with its placement's aligned blocks" : "",
             floor_bytes, mib(floor_bytes),
-            cfg.evict_persistent ? "" : " plus the persistent bytes");
+            cfg.evict_persistent ? " that cannot be off the device then" : "",
+            mib(cap_profile_untracked_bytes(p)));
     status = EXIT_INFEASIBLE;
   }
   for (size_t i = 0; i < nres; i++)

@@ -80,9 +80,25 @@ def name_is_inplace(name):
     return True
 
 
+def untracked_bytes(tr):
+    """Bytes the simulator holds all along that lower_bound.py's live curve never counts:
+    its persistent_bytes is max(resident_bytes, the resident tensors) (profile.c), while the
+    LP counts params and inputs all along and never-freed activations from their first
+    access on; what resident_bytes holds beyond all three (cuBLAS workspaces, ~66 MiB on
+    every bundled trace) no plan can evict."""
+    tracked = sum(b for x, b in tr.size.items()
+                  if tr.kind[x] in ('param', 'input')
+                  or (tr.kind[x] == 'activation' and x not in tr.free_ns))
+    return max(0, int(tr.meta.get('resident_bytes', 0)) - tracked)
+
+
 class TightBound(lb.LowerBound):
     def __init__(self, tr, *args, **kw):
         super().__init__(tr, *args, **kw)
+        # the simulator's memory at every op is at least the LP's plus these bytes
+        self.untracked = untracked_bytes(tr)
+        self.live = self.live + self.untracked
+        self.min_budget += self.untracked
         # writes: T -> its in-place writers after its producer (an op listing T on both
         # sides); inplace: x -> every op that writes x in place, whatever x's kind
         # (cap_profile_written_in_place: the CAP_OP_INPLACE flag, x among the outputs)

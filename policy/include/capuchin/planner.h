@@ -28,11 +28,13 @@ typedef struct cap_plan_config {
 /* Defaults: H100 bandwidths, no persistent eviction, margins as tuned. */
 void cap_plan_config_init(cap_plan_config_t *cfg, uint64_t budget_bytes);
 
-/* A floor under every plan's peak for p under cfg (its evict_persistent
- * decides whether persistent tensors count): the largest sum, over the
- * ops, of an op's own inputs and outputs, plus the persistent bytes when
- * they may not leave (those marked no_evict never may). No plan fits a smaller budget; capuchin finds one at
- * most budgets above it (with stalls, near it). */
+/* A floor under every plan's peak for p under cfg: the largest sum, over
+ * the ops, of an op's own inputs and outputs plus the persistent bytes
+ * that cannot be off the device during it (all without persistent
+ * eviction; with it, those marked no_evict, those not accessed yet or no
+ * longer, and the resident bytes no tensor accounts for). No plan fits a
+ * smaller budget; capuchin finds one at most budgets above it (with
+ * stalls, near it). 0 when out of memory. */
 uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cfg);
 
 /* Names of all planners, NULL-terminated: "capuchin", "swap-all", "vdnn",

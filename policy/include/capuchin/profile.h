@@ -167,6 +167,10 @@ uint32_t cap_profile_accesses_before(const cap_profile_t *p, uint32_t t,
 /* Whether an in-place op with seq in [from, to) writes tensor t. */
 bool cap_profile_written_in_place(const cap_profile_t *p, uint32_t t,
                                   uint32_t from, uint32_t to);
+/* The part of persistent_bytes no tensor of the profile accounts for:
+ * resident_bytes beyond the resident tensors (cuBLAS workspaces; about
+ * 66 MiB on every bundled trace). No plan can evict it. */
+uint64_t cap_profile_untracked_bytes(const cap_profile_t *p);
 /* Bytes the model needs on top of persistent_bytes at its peak (activation
  * peak of the memory curve); the base for "N %" budgets. */
 uint64_t cap_profile_transient_peak(const cap_profile_t *p);
