@@ -1,12 +1,24 @@
 #!/usr/bin/python3
-"""lower_bound.py's LP with a tighter charge for a replay: every op a valid list must run.
+"""lower_bound.py's LP with a tighter charge for a replay (every op a valid list must run)
+and the bytes resident before the iteration that no tensor accounts for.
 
 usage: lower_bound_tight.py TRACE [any lower_bound.py option]     (same rows, same --json)
        lower_bound_tight.py --compare BOUND.jsonl TIGHT.jsonl CAPUCHIN.jsonl  (bench_bound --jsonl)
        lower_bound_tight.py --check-plan TRACE PLAN.json   (capuchin-sim --emit-plan: the ASSUMPTION)
 
-Imports /work/shared/tools/lower_bound.py (or $LOWER_BOUND_DIR) and changes one thing, the
-recompute charge.  lower_bound.py charges a restore of gap g = (T, access a -> b) only dur(p),
+Imports /work/shared/tools/lower_bound.py (or $LOWER_BOUND_DIR) and changes two things.
+
+UNTRACKED BYTES.  The simulator that decides whether a plan fits counts persistent_bytes =
+max(resident_bytes, the resident tensors) from the start (profile.c), and evicts only tensors;
+lower_bound.py counts params and inputs all along and never-freed activations from their first
+access.  So at every op the simulator's memory is at least the LP's plus U = resident_bytes -
+(params + inputs + never-freed activations) (cuBLAS workspaces: 65-88 MiB on the bundled
+traces); U is added to the live curve and to the floor.  capuchin's cap_plan_min_budget then
+equals this floor with --evict-persistent on every bundled trace, and is at most 4 KiB above it
+without (the LP may evict never-freed activations, the planner may not).  Budgets stay
+lower_bound.py's.
+
+THE RECOMPUTE CHARGE.  lower_bound.py charges a restore of gap g = (T, access a -> b) only dur(p),
 p the producer of T, and ignores whether p's inputs are there when the replay runs.  Here a
 restore of g is charged every op of its CLOSURE, the ops any list the project's walk accepts
 (docs/plan-semantics.md, plan_walk.c run_list) must contain to restore T at an op i:
@@ -36,7 +48,8 @@ in the closure of every gap g restored in window w, cost dur(o) * y[o,w], and R_
 replay time that lengthens window w) <= sum of dur(o) * y[o,w].  This replaces lower_bound.py's
 charges (dur(p) per restored fraction, z[p,w] for a multi-output p, which is y[p,w]).
 
-WHY IT IS STILL A LOWER BOUND.  lower_bound.py's argument (1), (2), (4) are untouched.  In
+WHY IT IS STILL A LOWER BOUND.  lower_bound.py's argument (2), (4) are untouched; in (1) every
+row's need rises by U, which the simulator's memory holds above the LP's (above).  In
 (3), map a plan as there: fractions 0 or 1, y[o,w] = 1 when some list run in window w holds
 op o.  A list runs whole in one window (just before its op), and every restore in window w is
 made by a list run in w whose ops include the closure of the restored gap (above), so
