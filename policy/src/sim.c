@@ -170,11 +170,13 @@ static uint32_t open_residency(sim_t *s, uint32_t id, int64_t t,
 
 /* A stay ends when the client gives the memory back, which it does between
  * ops: what is freed, or whose swap-out ends, while an op runs stays held
- * until that op's end. */
-static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out) {
+ * until that op's end; but one the client waited for (at_once) it gives
+ * back when the wait ends. */
+static void close_residency(sim_t *s, uint32_t r, int64_t t, bool copied_out,
+                            bool at_once) {
   if (r == CAP_NONE)
     return;
-  if (s->op_started && t >= s->op_start_ns && t < s->op_end_ns)
+  if (!at_once && s->op_started && t >= s->op_start_ns && t < s->op_end_ns)
     t = s->op_end_ns;
   s->res[r].end_ns = t;
   s->res[r].last_op = s->op_started ? s->op : s->op - 1;
@@ -187,8 +189,9 @@ static uint32_t t_alloc(sim_t *s, uint32_t id, int64_t t,
   return open_residency(s, id, t, how, action);
 }
 /* copied_out: the memory is given back because a D2H copy of it ended
- * (the copy read it until then). */
-static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
+ * (the copy read it until then); at_once: close_residency. */
+static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out,
+                      bool at_once) {
   mem_change(s, t, -(int64_t)s->t[id].bytes);
   if (!s->record)
     return;
@@ -200,7 +203,7 @@ static void t_release(sim_t *s, uint32_t id, int64_t t, bool copied_out) {
     open_residency(s, id, 0, CAP_RESIDENCY_PERSISTENT, CAP_NONE);
     s->op = op;
   }
-  close_residency(s, s->open_res[id], t, copied_out);
+  close_residency(s, s->open_res[id], t, copied_out, at_once);
   s->open_res[id] = CAP_NONE;
 }
 
@@ -295,9 +298,15 @@ static bool start_idle(sim_t *s, int64_t t) {
       if (tt->state == CAP__TS_HOST) {
         tt->state = CAP__TS_SWAP_IN;
         /* The memory counts from the copy's start, but the client holds it
-         * from the issue (it allocates, then queues the copy). */
+         * from the issue (it allocates, then queues the copy), or, issued
+         * while the tensor's own swap-out still ran, from that copy's end
+         * (executor.c start_prefetch: it waits for it, gives the block
+         * back, then allocates): never two blocks of one tensor at once. */
         mem_change(s, t, (int64_t)tt->bytes);
-        open_residency(s, c->tensor, c->issue_t, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
+        int64_t from = c->issue_t;
+        if (s->copies[ci - 1].end_t > from)
+          from = s->copies[ci - 1].end_t;
+        open_residency(s, c->tensor, from, CAP_RESIDENCY_SWAPPED_IN, ci / 2);
       }
     }
     changed = true;
@@ -328,7 +337,9 @@ static void step(sim_t *s) {
     if (d == DIR_D2H) {
       if (tt->state == CAP__TS_SWAP_OUT) {
         tt->state = CAP__TS_HOST;
-        t_release(s, c->tensor, t, true);
+        /* its prefetch issued already: the client waited for this copy
+         * (executor.c start_prefetch) */
+        t_release(s, c->tensor, t, true, s->copies[e->cur + 1].issued);
       }
     } else if (tt->state == CAP__TS_SWAP_IN) {
       tt->state = CAP__TS_RESIDENT;
@@ -490,7 +501,7 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
   for (uint32_t i = 0; i < s->n_temps; i++) {
     s->t[s->temps[i]].temp_gen = 0;
     mem_change(s, t, -(int64_t)s->t[s->temps[i]].bytes);
-    close_residency(s, s->temp_res[i], t, false);
+    close_residency(s, s->temp_res[i], t, false, false);
   }
   s->n_temps = 0;
   if (owner->state == CAP__TS_DROPPED) /* the list did not produce it */
@@ -505,7 +516,7 @@ static void do_free(sim_t *s, uint32_t id, int64_t t) {
   case CAP__TS_SWAP_OUT:
   case CAP__TS_SWAP_IN:
     advance_to(s, t);
-    t_release(s, id, t, false);
+    t_release(s, id, t, false, false);
     break;
   default:
     break;
@@ -764,7 +775,7 @@ static void simulate(sim_t *s) {
       tt->action = ai;
       if (a->method == CAP_METHOD_RECOMPUTE) {
         tt->state = cap_action_is_release(a) ? CAP__TS_RELEASED : CAP__TS_DROPPED;
-        t_release(s, a->tensor, end, false);
+        t_release(s, a->tensor, end, false, false);
         continue;
       }
       tt->state = CAP__TS_SWAP_OUT;
