@@ -1085,6 +1085,13 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   if (!rc && p->n_ops <= PORTFOLIO_FULL_OPS)
     rc = move_passes(best, p, cfg, cap__trade_replays, trade_tries(p),
                      TRADE_PASSES);
+  /* the room the plan leaves under the budget, last: every move above
+   * keeps only changes no higher at the peak than the plan they change
+   * (using the room earlier takes them down other paths, some slower);
+   * half the tries on long profiles (bert_large's planning time) */
+  if (!rc)
+    rc = cap__plan_use_room(best, p, cfg,
+                            p->n_ops < CAP__SMALL_OPS ? tries : tries / 2);
   if (rc) {
     cap_plan_destroy(best);
     return rc;

@@ -247,6 +247,11 @@ bool cap__earlier_trigger(const cap_profile_t *p, const cap_action_t *a,
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* The same search, each change kept up to the budget rather than the
+ * plan's own peak: the room a plan leaves under the budget, used last. */
+int cap__plan_use_room(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries);
+
 /* A swap whose prefetch the simulator finds late: the action, and by how
  * much. */
 typedef struct {

@@ -278,7 +278,8 @@ static int try_group(group_t *g, uint32_t lo, uint32_t hi) {
 }
 
 static int upgrade_swaps(cap_plan_t *plan, const cap_profile_t *p,
-                         const cap_plan_config_t *cfg, uint32_t max_sims) {
+                         const cap_plan_config_t *cfg, uint64_t limit,
+                         uint32_t max_sims) {
   cand_t *keys = malloc(((size_t)plan->n_actions + 1) * sizeof *keys);
   if (!keys)
     return CAP_ENOMEM;
@@ -292,7 +293,7 @@ static int upgrade_swaps(cap_plan_t *plan, const cap_profile_t *p,
   }
   /* in plan order: neighbours in a group share the same stretch of the
    * iteration, so a refused group is refused for a local reason */
-  group_t g = {plan, p, cfg, keys, plan->predicted_peak_bytes, UP_PREFETCH,
+  group_t g = {plan, p, cfg, keys, limit, UP_PREFETCH,
                max_sims / 2};
   int rc = try_group(&g, 0, n);
   if (!rc) {
@@ -333,8 +334,8 @@ static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
                           const cap_plan_config_t *cfg, uint8_t **out);
 
 static int search(cap_plan_t *plan, const cap_profile_t *p,
-                  const cap_plan_config_t *cfg, int how, uint32_t max_tries) {
-  uint64_t limit = plan->predicted_peak_bytes;
+                  const cap_plan_config_t *cfg, int how, uint64_t limit,
+                  uint32_t max_tries) {
   int64_t *late = NULL;
   uint8_t *runs = NULL;
   int rc = how != TO_SWAP ? stalls(plan, p, cfg, &late) : 0;
@@ -497,8 +498,8 @@ static int lists_that_run(const cap_plan_t *plan, const cap_profile_t *p,
  * partner's list (one that runs); keep each merge the simulator finds
  * faster and no higher at its peak. */
 static int share_replays(cap_plan_t *plan, const cap_profile_t *p,
-                         const cap_plan_config_t *cfg, uint32_t max_tries) {
-  uint64_t limit = plan->predicted_peak_bytes;
+                         const cap_plan_config_t *cfg, uint64_t limit,
+                         uint32_t max_tries) {
   cand_t *cands = malloc(((size_t)plan->n_actions + 1) * sizeof *cands);
   if (!cands)
     return CAP_ENOMEM;
@@ -613,8 +614,8 @@ static int try_exchange(cap_plan_t *plan, const cap_profile_t *p,
 #define EXCHANGE_PARTNERS 3u
 
 static int exchange(cap_plan_t *plan, const cap_profile_t *p,
-                    const cap_plan_config_t *cfg, uint32_t max_tries) {
-  uint64_t limit = plan->predicted_peak_bytes;
+                    const cap_plan_config_t *cfg, uint64_t limit,
+                    uint32_t max_tries) {
   uint32_t n_act = plan->n_actions;
   cand_t *cands = malloc(((size_t)n_act + 1) * sizeof *cands);
   int64_t *swap_ns = malloc(((size_t)n_act + 1) * sizeof *swap_ns);
@@ -663,25 +664,40 @@ static int exchange(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
+/* The search's moves, each change kept only when faster and no higher
+ * than limit at its peak. */
+static int improve_to(cap_plan_t *plan, const cap_profile_t *p,
+                      const cap_plan_config_t *cfg, uint64_t limit,
+                      uint32_t max_tries) {
+  /* the moves on pairs of actions scan the plan for partners: on short
+   * profiles only, where planning time is to spare */
+  uint32_t pair_tries = p->n_ops < CAP__SMALL_OPS ? max_tries : 0;
+  int rc = search(plan, p, cfg, TO_SWAP, limit, max_tries);
+  if (!rc)
+    rc = search(plan, p, cfg, DROP, limit, max_tries / 8);
+  if (!rc)
+    rc = search(plan, p, cfg, EARLIER, limit, max_tries / 2);
+  if (!rc)
+    rc = upgrade_swaps(plan, p, cfg, limit, max_tries);
+  if (!rc)
+    rc = search(plan, p, cfg, TO_REPLAY, limit, max_tries / 2);
+  if (!rc && pair_tries)
+    rc = share_replays(plan, p, cfg, limit, pair_tries);
+  if (!rc && pair_tries)
+    rc = exchange(plan, p, cfg, limit, pair_tries);
+  return rc;
+}
+
 int cap__plan_improve(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t max_tries) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
     return 0;
-  /* the moves on pairs of actions scan the plan for partners: on short
-   * profiles only, where planning time is to spare */
-  uint32_t pair_tries = p->n_ops < CAP__SMALL_OPS ? max_tries : 0;
-  int rc = search(plan, p, cfg, TO_SWAP, max_tries);
-  if (!rc)
-    rc = search(plan, p, cfg, DROP, max_tries / 8);
-  if (!rc)
-    rc = search(plan, p, cfg, EARLIER, max_tries / 2);
-  if (!rc)
-    rc = upgrade_swaps(plan, p, cfg, max_tries);
-  if (!rc)
-    rc = search(plan, p, cfg, TO_REPLAY, max_tries / 2);
-  if (!rc && pair_tries)
-    rc = share_replays(plan, p, cfg, pair_tries);
-  if (!rc && pair_tries)
-    rc = exchange(plan, p, cfg, pair_tries);
-  return rc;
+  return improve_to(plan, p, cfg, plan->predicted_peak_bytes, max_tries);
+}
+
+int cap__plan_use_room(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  return improve_to(plan, p, cfg, cfg->budget_bytes, max_tries);
 }
