@@ -348,6 +348,10 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
  * at its peak, and valid (trade.c). Returns 0 or an error. */
 int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
+/* The same, each change kept up to the budget rather than the plan's own
+ * peak. */
+int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
+                            const cap_plan_config_t *cfg, uint32_t max_tries);
 
 /* The ops with two or more evictable outputs, cheapest per byte first (at
  * most max_groups): each, cumulatively, has every output dropped over its

@@ -324,11 +324,10 @@ static int rank_by_gain(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
-int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
-                       const cap_plan_config_t *cfg, uint32_t max_tries) {
-  if (plan->predicted_peak_bytes > cfg->budget_bytes)
-    return 0;
-  uint64_t limit = plan->predicted_peak_bytes;
+/* The move with changes kept up to limit at their peak. */
+static int trade_to(cap_plan_t *plan, const cap_profile_t *p,
+                    const cap_plan_config_t *cfg, uint32_t max_tries,
+                    uint64_t limit) {
   cap__lineage_t lin = {0};
   cap__item_t *xs = NULL;
   uint32_t nx = 0, ny = 0;
@@ -394,4 +393,18 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
   free(need);
   free(res);
   return rc;
+}
+
+int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  return trade_to(plan, p, cfg, max_tries, plan->predicted_peak_bytes);
+}
+
+int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
+                            const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  return trade_to(plan, p, cfg, max_tries, cfg->budget_bytes);
 }
