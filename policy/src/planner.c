@@ -82,12 +82,13 @@ uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cf
     uint32_t n = op->n_in + op->n_out;
     for (uint32_t i = 0; i < n; i++) {
       uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
+      /* (persistent tensors first: an optimizer step lists thousands) */
+      if (cap_tensor_is_resident(&p->tensors[x]) && !may_be_off(p, cfg, x, o))
+        continue;
       bool dup = false;
       for (uint32_t j = 0; j < i && !dup; j++)
         dup = (j < op->n_in ? ts[op->in_off + j] : ts[op->out_off + j - op->n_in]) == x;
-      if (dup)
-        continue;
-      if (!cap_tensor_is_resident(&p->tensors[x]) || may_be_off(p, cfg, x, o))
+      if (!dup)
         sum += p->tensors[x].bytes;
     }
     if (sum > best)
