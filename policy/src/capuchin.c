@@ -996,12 +996,11 @@ static int move_passes(cap_plan_t *plan, const cap_profile_t *p,
  * budget (improve.c): every move before keeps only changes no higher at
  * the peak than the plan they change (using the room earlier takes them
  * down other paths, some slower); half the tries on long profiles, none
- * on the longest (a simulation each: the 100 000-op profile's planning
- * time doubled). On
- * short profiles the same again on a copy, the trade also using the room,
- * and the faster plan wins: each way wins on some plans (bert_base at 50 %
- * 2.09 against 1.85 % with the room, resnet50 at 30 % 13.21 against
- * 13.41 without). */
+ * over PORTFOLIO_FULL_OPS (each try simulates: 0.7 s more on 100 000
+ * ops). On short profiles the same again on a copy, the trade also using
+ * the room, and the faster plan wins: each way wins on some plans
+ * (bert_base at 50 % 2.09 against 1.85 % with the room, resnet50 at 30 %
+ * 13.21 against 13.41 without). */
 static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
                           const cap_plan_config_t *cfg, uint32_t tries) {
   bool both = p->n_ops < CAP__SMALL_OPS;

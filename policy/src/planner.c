@@ -37,10 +37,10 @@ static const cap__planner_fn planner_fns[] = {
     cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
 };
 
-/* Whether persistent tensor x may be off the device during op i under the
- * plan semantics: evicted after an access before i, back for an access
- * after i (it cannot leave before its first access, nor after its last:
- * a persistent tensor is never released), and not one of op i's own. */
+/* Whether persistent tensor x may be off the device around op i under the
+ * plan semantics: accessed before i and again after it (a plan evicts it
+ * only after an access and brings it back for the next; it never releases
+ * it), so not before its first access nor after its last. */
 static bool may_be_off(const cap_profile_t *p, const cap_plan_config_t *cfg,
                        uint32_t x, uint32_t i) {
   const cap_tensor_t *t = &p->tensors[x];
