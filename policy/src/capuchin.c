@@ -1003,18 +1003,18 @@ static int move_passes(cap_plan_t *plan, const cap_profile_t *p,
  * 13.21 against 13.41 without). */
 static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
                           const cap_plan_config_t *cfg, uint32_t tries) {
+  if (p->n_ops > PORTFOLIO_FULL_OPS)
+    return 0;
   bool both = p->n_ops < CAP__SMALL_OPS;
   cap_plan_t *alt = both ? cap_plan_clone(*best) : NULL;
   if (both && !alt)
     return CAP_ENOMEM;
-  int rc = 0;
-  if (p->n_ops <= PORTFOLIO_FULL_OPS)
-    rc = move_passes(*best, p, cfg, cap__trade_replays, trade_tries(p),
-                     TRADE_PASSES);
-  if (!rc && p->n_ops <= PORTFOLIO_FULL_OPS)
+  int rc = move_passes(*best, p, cfg, cap__trade_replays, trade_tries(p),
+                       TRADE_PASSES);
+  if (!rc)
     rc = cap__plan_use_room(*best, p, cfg, both ? tries : tries / 2);
   if (!rc && alt)
-    rc = move_passes(alt, p, cfg, cap__trade_replays_room, TRADE_TRIES,
+    rc = move_passes(alt, p, cfg, cap__trade_replays_room, trade_tries(p),
                      TRADE_PASSES);
   if (!rc && alt)
     rc = cap__plan_use_room(alt, p, cfg, tries);

@@ -80,14 +80,6 @@ void cap_curve_close(cap_curve_t *c) {
   *c = (cap_curve_t){0};
 }
 
-uint64_t cap_profile_untracked_bytes(const cap_profile_t *p) {
-  uint64_t tracked = 0;
-  for (uint32_t t = 0; t < p->n_tensors; t++)
-    if (cap_tensor_is_resident(&p->tensors[t]))
-      tracked += p->tensors[t].bytes;
-  return p->persistent_bytes > tracked ? p->persistent_bytes - tracked : 0;
-}
-
 uint64_t cap_profile_transient_peak(const cap_profile_t *p) {
   if (!p || !p->finished || p->peak_bytes < p->persistent_bytes)
     return 0;

@@ -37,17 +37,21 @@ static const cap__planner_fn planner_fns[] = {
     cap__plan_checkpoint_sqrt, cap__plan_dtr,      cap__plan_passive_lru,
 };
 
-/* Whether persistent tensor x may be off the device around op i under the
- * plan semantics: accessed before i and again after it (a plan evicts it
- * only after an access and brings it back for the next; it never releases
- * it), so not before its first access nor after its last. */
-static bool may_be_off(const cap_profile_t *p, const cap_plan_config_t *cfg,
-                       uint32_t x, uint32_t i) {
+/* The ops strictly between which tensor x may be off the device although
+ * persistent, under the plan semantics: with persistent eviction, unless
+ * no_evict, between its first access and its last (a plan evicts it only
+ * after an access and brings it back for the next; it never releases it).
+ * false when there are none. */
+static bool off_span(const cap_profile_t *p, const cap_plan_config_t *cfg,
+                     uint32_t x, uint32_t *first, uint32_t *last) {
   const cap_tensor_t *t = &p->tensors[x];
-  if (!cfg->evict_persistent || t->no_evict || t->n_accesses < 2)
+  if (!cfg->evict_persistent || !cap_tensor_is_resident(t) || t->no_evict ||
+      t->n_accesses < 2)
     return false;
   const uint32_t *acc = p->access_ops + t->access_off;
-  return acc[0] < i && i < acc[t->n_accesses - 1];
+  *first = acc[0];
+  *last = acc[t->n_accesses - 1];
+  return true;
 }
 
 /* Every op needs its own inputs and outputs on the device at once, on top
@@ -64,13 +68,12 @@ uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cf
   int64_t *off = calloc((size_t)p->n_ops + 1, sizeof *off);
   if (!off)
     return 0; /* no floor known */
-  for (uint32_t x = 0; x < p->n_tensors && cfg->evict_persistent; x++) {
-    const cap_tensor_t *t = &p->tensors[x];
-    if (!cap_tensor_is_resident(t) || t->no_evict || t->n_accesses < 2)
+  uint32_t first, last;
+  for (uint32_t x = 0; x < p->n_tensors; x++) {
+    if (!off_span(p, cfg, x, &first, &last))
       continue;
-    const uint32_t *acc = p->access_ops + t->access_off;
-    off[acc[0] + 1] += (int64_t)t->bytes;
-    off[acc[t->n_accesses - 1]] -= (int64_t)t->bytes;
+    off[first + 1] += (int64_t)p->tensors[x].bytes;
+    off[last] -= (int64_t)p->tensors[x].bytes;
   }
   uint64_t best = 0;
   int64_t relievable = 0;
@@ -83,7 +86,8 @@ uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cf
     for (uint32_t i = 0; i < n; i++) {
       uint32_t x = i < op->n_in ? ts[op->in_off + i] : ts[op->out_off + i - op->n_in];
       /* (persistent tensors first: an optimizer step lists thousands) */
-      if (cap_tensor_is_resident(&p->tensors[x]) && !may_be_off(p, cfg, x, o))
+      if (cap_tensor_is_resident(&p->tensors[x]) &&
+          !(off_span(p, cfg, x, &first, &last) && first < o && o < last))
         continue;
       bool dup = false;
       for (uint32_t j = 0; j < i && !dup; j++)

@@ -570,6 +570,20 @@ int cap_profile_add_free(cap_profile_t *p, int64_t t_ns, uint32_t tensor) {
   return 0;
 }
 
+/* Bytes of the tensors on the device all along (cap_tensor_is_resident). */
+static uint64_t resident_tensor_bytes(const cap_profile_t *p) {
+  uint64_t sum = 0;
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    if (cap_tensor_is_resident(&p->tensors[t]))
+      sum += p->tensors[t].bytes;
+  return sum;
+}
+
+uint64_t cap_profile_untracked_bytes(const cap_profile_t *p) {
+  uint64_t tracked = resident_tensor_bytes(p);
+  return p->persistent_bytes > tracked ? p->persistent_bytes - tracked : 0;
+}
+
 int cap_profile_finish(cap_profile_t *p) {
   if (!p)
     return CAP_EINVAL;
@@ -616,10 +630,7 @@ int cap_profile_finish(cap_profile_t *p) {
   free(p->access_ops);
   p->access_ops = acc;
 
-  uint64_t resident = 0;
-  for (uint32_t t = 0; t < p->n_tensors; t++)
-    if (cap_tensor_is_resident(&p->tensors[t]))
-      resident += p->tensors[t].bytes;
+  uint64_t resident = resident_tensor_bytes(p);
   p->persistent_bytes =
       p->resident_bytes > resident ? p->resident_bytes : resident;
   if (!im->have_iter_ns)
