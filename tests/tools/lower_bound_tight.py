@@ -67,6 +67,32 @@ every restore, own and by-product, against the closure at the list's real op; Ca
 plans pass at every bench_bound budget, both modes.
 Still ignored: replay temporaries' memory, inputs the plan swapped out (their copies), the
 copy engines' FIFO order.
+
+FORCED COPIES.  The LP checks memory at a few checkpoints (the op of most live bytes in each
+run of over-budget ops), so an op where the memory pinches just before a deadline can fall
+between them (bert_large's optimizer: op 3332's add, then three foreach ops that read every
+weight, momentum and gradient; vgg16's op 169).  For such a pinch op o: while o runs the
+device holds the U bytes, o's own tensors, the persistent tensors that must stay (all of them
+without --evict-persistent; with it, those not accessed yet: a tensor leaves only after an
+access) and every tensor accessed both up to o and after it that the plan did not take off.
+Whatever exceeds the budget, X_o bytes, is off the device during o.  A tensor off during o
+comes back before its next access q by a copy or (an activation) a replay.  The copy's
+memory is taken when it starts (docs/plan-semantics.md), so it starts after o ends; copies
+into the device run at most 55.1 bytes/ns; so the copies due by op q take at least their
+bytes / 55.1 ns after o ends, and the time inserted before q starts (stalls, replays) is at
+least that minus start(q) - end(o).  A replay runs at least the closure of its tensor at q
+(above), each op once per list.  The plan's extra time is then at least
+  min over f, x in {0, 1} (copied, replayed; f + x <= 1, sum (f + x) bytes >= X_o, less
+  what a write-only next access needs not back) of max(max over q of sum_{q_t <= q}
+  f_t bytes_t / 55.1 - (start(q) - end(o)), sum over ops of dur(op) * max over the replays
+  holding op of x_t),
+a MILP (forced_ns; integral for the FORCED_INTEGRAL largest candidates, the rest relaxed; past
+FORCED_TIME_S its dual bound), solved at up to FORCED_OPS pinch ops, the likeliest first: the
+largest copy-only values (no replay, the latest needed off first, which the max over q makes
+optimal: the MILP is at most that), with and without the replays that cost less than a copy
+taken as free.  With every activation off for free, the copy-only value is itself a bound, at
+every op.  Any o gives a bound, so extra_ns is max(the LP's optimum, forced_ns) (lp_extra_ns,
+forced_op keep both).
 """
 import json
 import os
@@ -77,8 +103,13 @@ from collections import defaultdict
 sys.path.insert(0, os.environ.get('LOWER_BOUND_DIR', '/work/shared/tools'))
 import lower_bound as lb  # noqa: E402
 import numpy as np  # noqa: E402
+from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: E402
 
 CLOSURE_MAX = 32  # ops charged per restore: any subset of the closure is a bound
+FORCED_OPS = 32   # pinch ops the forced-copy LP is solved at, at most
+FORCED_CLOSURE_MAX = 256  # its closures (few replays, so longer ones)
+FORCED_INTEGRAL = 24      # its largest candidates, whole
+FORCED_TIME_S = 5         # per pinch op
 
 
 def name_is_inplace(name):
@@ -137,7 +168,7 @@ class TightBound(lb.LowerBound):
         j = lb.bisect.bisect_left(qs, o)
         return j < len(qs) and qs[j] < i
 
-    def closure(self, x, a, i):
+    def closure(self, x, a, i, cap=CLOSURE_MAX):
         """Ops every valid list that restores x (evicted after op a) at op i or later must
         contain, in BFS order, at most CLOSURE_MAX: its producer p, its in-place
         writers up to a, and, for each activation input of a listed op that is gone at op i,
@@ -146,17 +177,203 @@ class TightBound(lb.LowerBound):
         p = tr.producer[x]
         ops = [p] + [q for q in self.writes.get(x, ()) if q <= a]
         seen, head = set(ops), 0
-        while head < len(ops) and len(ops) < CLOSURE_MAX:
+        while head < len(ops) and len(ops) < cap:
             o = ops[head]
             head += 1
             for y in dict.fromkeys(tr.ops[o][3]):
                 if y == x or tr.kind[y] != 'activation' or not self.gone(y, o, i):
                     continue
                 q = tr.producer.get(y)
-                if q is not None and q not in seen and len(ops) < CLOSURE_MAX:
+                if q is not None and q not in seen and len(ops) < cap:
                     seen.add(q)
                     ops.append(q)
         return ops
+
+    def pinch(self, budget):
+        """X_o per op o (FORCED COPIES above): the bytes over the budget while o runs with
+        every candidate on the device, the candidates being the tensors accessed both up to o
+        and after it, not o's own, that may leave (self.movable). Ops with X_o <= 0 left out."""
+        tr, ep = self.tr, self.evict_persistent
+        n = tr.n
+        persistent = {x for x, k in tr.kind.items() if k in ('param', 'input')}
+        self.movable = {x for x, ks in tr.acc.items() if len(ks) > 1 and
+                        (tr.kind[x] == 'activation' or (ep and x in persistent))}
+        # persistent bytes that stay while o runs: all without EP; with it, those not
+        # accessed yet (a tensor leaves only after an access)
+        stay = np.zeros(n + 1)
+        for x in persistent:
+            stay[0] += tr.size[x]
+            if ep and x in tr.acc:
+                stay[tr.acc[x][0]] -= tr.size[x]
+        # candidates' bytes: first access <= o < last access
+        cand = np.zeros(n + 1)
+        for x in self.movable:
+            cand[tr.acc[x][0]] += tr.size[x]
+            cand[tr.acc[x][-1]] -= tr.size[x]
+        stay, cand = np.cumsum(stay)[:n], np.cumsum(cand)[:n]
+        out = {}
+        for o in range(n):
+            own = set(tr.ops[o][3]) | set(tr.ops[o][4])
+            X = self.untracked + stay[o] + cand[o] - budget
+            for x in own:          # held once, as o's own
+                ks = tr.acc[x]
+                stays = tr.kind[x] in ('param', 'input') and (not ep or ks[0] > o)
+                counted = x in self.movable and ks[0] <= o < ks[-1]
+                X += tr.size[x] * (1 - stays - counted)
+            if X > 0:
+                out[o] = X
+        return out
+
+    def candidates(self, o):
+        """The candidates at o (pinch): (tensor, its last access up to o, its next access),
+        and the bytes of those whose next access only writes them (no plan needs those back:
+        free to be off)."""
+        tr = self.tr
+        own = set(tr.ops[o][3]) | set(tr.ops[o][4])
+        res, free = [], 0
+        for x in self.movable:
+            ks = tr.acc[x]
+            if x in own or not ks[0] <= o < ks[-1]:
+                continue
+            j = lb.bisect.bisect_right(ks, o)
+            if x in tr.ops[ks[j]][3]:
+                res.append((x, ks[j - 1], ks[j]))
+            else:
+                free += tr.size[x]
+        return res, free
+
+    def copy_only(self, o, X, cands, free=()):
+        """forced_ns at o with no replay, the latest needed off first; the candidates in free
+        taken off first at no cost (all activations: a bound no replay can lower)."""
+        tr = self.tr
+        left, off = X, []
+        left -= sum(tr.size[c[0]] for c in cands if c in free)
+        for x, a, q in sorted((c for c in cands if c not in free), key=lambda r: -r[2]):
+            if left <= 0:
+                break
+            take = min(left, tr.size[x])
+            off.append((q, take))
+            left -= take
+        worst, acc = 0.0, 0.0
+        for q, b in sorted(off):
+            acc += b
+            worst = max(worst, acc / lb.H2D_GBPS - (tr.ts[q] - tr.te[o]))
+        return worst
+
+    def cheap_replays(self, cands):
+        """The activation candidates whose replay (closure, FORCED_CLOSURE_MAX ops) costs less per
+        byte than a copy: the order forced() tries pinch ops in takes them as free."""
+        tr, cache = self.tr, self.__dict__.setdefault('_cheap', {})
+        out = set()
+        for c in cands:
+            x, a, q = c
+            if tr.kind[x] != 'activation' or x not in tr.producer:
+                continue
+            if c not in cache:
+                d = sum(tr.dur[op] for op in self.closure(x, a, q, FORCED_CLOSURE_MAX))
+                cache[c] = d < tr.size[x] / lb.H2D_GBPS
+            if cache[c]:
+                out.add(c)
+        return out
+
+    def forced_at(self, o, X, cands):
+        """The LP of FORCED COPIES at pinch op o: (extra ns, status)."""
+        tr = self.tr
+        k = len(cands)
+        cache = self.__dict__.setdefault('_closures', {})
+        reps = []
+        for i, (x, a, q) in enumerate(cands):
+            if tr.kind[x] == 'activation' and x in tr.producer:
+                if (x, a, q) not in cache:
+                    cache[(x, a, q)] = self.closure(x, a, q, FORCED_CLOSURE_MAX)
+                reps.append((i, cache[(x, a, q)]))
+        ops = sorted({op for _, cl in reps for op in cl})
+        opcol = {op: i for i, op in enumerate(ops)}
+        nx, ny = len(reps), len(ops)
+        # columns: f[k], x[nx], y[ny], z
+        nv = k + nx + ny + 1
+        zc = nv - 1
+        MB = 1e6
+        rows, cols, vals, rhs = [], [], [], []
+        r = 0
+        # sum (f + x) bytes >= X  ->  -sum ... <= -X
+        for i, (x, _, _) in enumerate(cands):
+            rows.append(r); cols.append(i); vals.append(-tr.size[x] / MB)
+        for j, (i, _) in enumerate(reps):
+            rows.append(r); cols.append(k + j); vals.append(-tr.size[cands[i][0]] / MB)
+        rhs.append(-X / MB); r += 1
+        # f_i + x_i <= 1
+        for j, (i, _) in enumerate(reps):
+            rows += [r, r]; cols += [i, k + j]; vals += [1.0, 1.0]; rhs.append(1.0); r += 1
+        # per deadline q: sum_{q_t <= q} f bytes / BW - z <= start(q) - end(o)   (in us)
+        order = sorted(range(k), key=lambda i: cands[i][2])
+        qs = sorted({cands[i][2] for i in range(k)})
+        pos = 0
+        members = []
+        for q in qs:
+            while pos < k and cands[order[pos]][2] <= q:
+                members.append(order[pos]); pos += 1
+            for i in members:
+                rows.append(r); cols.append(i)
+                vals.append(tr.size[cands[i][0]] / lb.H2D_GBPS / lb.US)
+            rows.append(r); cols.append(zc); vals.append(-1.0)
+            rhs.append((tr.ts[q] - tr.te[o]) / lb.US); r += 1
+        # replays: x_j - y_op <= 0 ; sum dur y - z <= 0
+        for j, (i, cl) in enumerate(reps):
+            for op in cl:
+                rows += [r, r]; cols += [k + j, k + nx + opcol[op]]; vals += [1.0, -1.0]
+                rhs.append(0.0); r += 1
+        for op, c in opcol.items():
+            rows.append(r); cols.append(k + nx + c); vals.append(tr.dur[op] / lb.US)
+        rows.append(r); cols.append(zc); vals.append(-1.0); rhs.append(0.0); r += 1
+        A = lb.sp.csr_matrix((vals, (rows, cols)), shape=(r, nv))
+        cost = np.zeros(nv); cost[zc] = 1.0
+        lo = np.zeros(nv)
+        hi = np.concatenate([np.ones(k + nx), np.full(ny + 1, np.inf)])
+        # a tensor is on the device, copied or replayed whole: integral for the largest
+        # candidates (a relaxation of the rest is still a bound)
+        integ = np.zeros(nv)
+        big = sorted(range(k), key=lambda i: -tr.size[cands[i][0]])[:FORCED_INTEGRAL]
+        integ[big] = 1
+        rep_of = {i: j for j, (i, _) in enumerate(reps)}
+        integ[[k + rep_of[i] for i in big if i in rep_of]] = 1
+        sol = milp(cost, integrality=integ, bounds=Bounds(lo, hi),
+                   constraints=LinearConstraint(A, -np.inf, np.array(rhs)),
+                   options={'time_limit': FORCED_TIME_S})
+        # past the time limit the solver's dual bound is still a bound
+        v = getattr(sol, 'mip_dual_bound', None)
+        if sol.status == 0 and sol.fun is not None:
+            v = sol.fun if v is None else min(v, sol.fun)
+        if v is None or not np.isfinite(v):
+            return None, sol.status
+        return float(v) * lb.US, sol.status
+
+    def forced(self, budget):
+        """forced_ns (FORCED COPIES) and its pinch op; (0, None) when no op pinches."""
+        best, best_op, scored = 0.0, None, []
+        for o, X in self.pinch(budget).items():
+            cands, free = self.candidates(o)
+            X -= free
+            if X <= 0:
+                continue
+            acts = {c for c in cands if self.tr.kind[c[0]] == 'activation'}
+            v = self.copy_only(o, X, cands, acts)
+            if v > best:
+                best, best_op = v, o
+            scored.append((self.copy_only(o, X, cands, self.cheap_replays(cands)),
+                           self.copy_only(o, X, cands), o, X, cands))
+        # the likeliest ops by two orders; the LP is at most the copy-only value
+        tries = sorted(scored, key=lambda s: -s[0])[:FORCED_OPS // 2]
+        tries += sorted(scored, key=lambda s: -s[1])[:FORCED_OPS // 2]
+        done = set()
+        for _, most, o, X, cands in tries:
+            if most <= best or o in done:
+                continue
+            done.add(o)
+            v, _ = self.forced_at(o, X, cands)
+            if v is not None and v > best:
+                best, best_op = v, o
+        return best, best_op
 
     def solve(self, budget, verbose=False):
         C, _ = self.checkpoints(budget)          # the same checkpoints solve() will use
@@ -222,6 +439,11 @@ class TightBound(lb.LowerBound):
             lb.linprog = orig
         res['charge'] = 'replay_closure'
         res['closure_max'] = CLOSURE_MAX
+        if res.get('status') == 'optimal':
+            f, op = self.forced(budget)
+            res['lp_extra_ns'] = res['extra_ns']
+            res['forced_ns'], res['forced_op'] = round(f, 1), op
+            res['extra_ns'] = max(res['extra_ns'], f)
         return res
 
     def _kept_gaps(self, Cl):
