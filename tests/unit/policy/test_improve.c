@@ -338,11 +338,75 @@ static void test_replay_traded_for_cheap_drop(void) {
   finish(plan, p, &base);
 }
 
+/* A costly matrix product A (2 ms) and a cheap chain X1 = relu(W), X2 =
+ * neg(X1), all live at the peak (op 3), read back in the order X2, X1, A. */
+static cap_profile_t *cheap_chain(void) {
+  fx_t f = {cap_profile_create(), 0, 0};
+  enum { W, A, X1, X2, D, T4, T5, T6, T7 };
+  fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
+  fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, X1, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, X2, 100 * MB, CAP_KIND_ACTIVATION);
+  fx_tensor(&f, D, 200 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T4; i <= T7; i++)
+    fx_tensor(&f, i, 4096, CAP_KIND_ACTIVATION);
+  uint32_t w = W, a = A, x1 = X1, x2 = X2, d = D, t4 = T4, t5 = T5, t6 = T6,
+           t7 = T7;
+  fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &a, 1);
+  fx_op(&f, 2000 * US, 2010 * US, "aten.relu.default", &w, 1, &x1, 1);
+  fx_op(&f, 2010 * US, 2020 * US, "aten.neg.default", &x1, 1, &x2, 1);
+  fx_op(&f, 2020 * US, 2120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  fx_op(&f, 2120 * US, 2220 * US, "aten.sum.default", &d, 1, &t4, 1);
+  fx_free(&f, 2220 * US, D);
+  fx_free(&f, 2220 * US, T4);
+  fx_op(&f, 2220 * US, 2320 * US, "aten.sum.default", &x2, 1, &t5, 1);
+  fx_free(&f, 2320 * US, X2);
+  fx_free(&f, 2320 * US, T5);
+  fx_op(&f, 2320 * US, 2420 * US, "aten.sum.default", &x1, 1, &t6, 1);
+  fx_free(&f, 2420 * US, X1);
+  fx_free(&f, 2420 * US, T6);
+  fx_op(&f, 2420 * US, 2520 * US, "aten.sum.default", &a, 1, &t7, 1);
+  fx_free(&f, 2520 * US, A);
+  fx_free(&f, 2520 * US, T7);
+  return fx_finish(&f);
+}
+
+/* The plan drops A and X1. The only tensor to drop in A's place is X2,
+ * whose source X1 the plan has off the device when X2 comes back: its list
+ * replays X1 too, which brings X1 back for its own read, so the trade costs
+ * 20 us instead of 2 ms, at the same peak. */
+static void test_replay_traded_for_drop_of_dropped_source(void) {
+  cap_profile_t *p = cheap_chain();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 310 * MB, &cfg, &base);
+  REQUIRE(plan);
+  CHECK(base.peak_bytes > cfg.budget_bytes);
+  uint32_t a_list[] = {0}, x1_list[] = {1};
+  REQUIRE(cap_plan_add_recompute(plan, 1, 1, a_list, 1) == 0);  /* A */
+  REQUIRE(cap_plan_add_recompute(plan, 2, 2, x1_list, 1) == 0); /* X1 */
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2010 * US);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg.budget_bytes);
+  REQUIRE(cap__trade_replays(plan, p, &cfg, 16) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 20 * US);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  CHECK_EQ(cap__find_action(plan, 1, 1), CAP_NONE); /* A stays */
+  uint32_t xi = cap__find_action(plan, 3, 1);
+  REQUIRE(xi != CAP_NONE);
+  CHECK_EQ(plan->actions[xi].n_recompute, 2); /* relu, then neg */
+  finish(plan, p, &base);
+}
+
 int main(void) {
   RUN_TEST(test_late_prefetch_moves_earlier);
   RUN_TEST(test_replays_share_lineage);
   RUN_TEST(test_swap_exchanged_for_replay);
   RUN_TEST(test_late_swap_replayed);
   RUN_TEST(test_replay_traded_for_cheap_drop);
+  RUN_TEST(test_replay_traded_for_drop_of_dropped_source);
   return TEST_SUMMARY();
 }
