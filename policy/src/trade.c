@@ -251,8 +251,8 @@ static int pick_drops(const cap_plan_t *plan, const cap_profile_t *p,
                       cap__lineage_t *lin, const cap__item_t *xs, uint32_t nx,
                       const cap__item_t *y, int64_t *need, uint32_t h_lo,
                       uint32_t h_hi, bool span_all, bool any_source,
-                      uint32_t *skip,
-                      uint32_t set, const cap__item_t **pick, uint32_t *n) {
+                      uint32_t *skip, uint32_t set, const cap__item_t **pick,
+                      uint32_t *n) {
   int64_t ns = 0;
   bool over = true;
   *n = 0;
