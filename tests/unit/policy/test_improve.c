@@ -189,8 +189,8 @@ static void test_swap_exchanged_for_replay(void) {
   CHECK(base.peak_bytes > cfg.budget_bytes);
   uint32_t tt, ta, y_list[] = {0};
   REQUIRE(cap__trigger_name(p, 7, 1, &tt, &ta));
-  REQUIRE(cap_plan_add_swap(plan, 1, 1, tt, ta, 0) == 0);          /* X */
-  REQUIRE(cap_plan_add_recompute(plan, 2, 2, y_list, 1) == 0);     /* Y */
+  REQUIRE(cap_plan_add_swap(plan, 1, 1, tt, ta, 0) == 0);      /* X */
+  REQUIRE(cap_plan_add_recompute(plan, 2, 2, y_list, 1) == 0); /* Y */
   REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
   REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
   CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2000 * US);
@@ -274,6 +274,15 @@ static void test_late_swap_replayed(void) {
  * list is op1 alone, and C dropped in its place replays in 10 us: no
  * higher at the peak, 2 ms faster. No single change does it: keeping A
  * alone goes over the peak, dropping C alone only adds a replay. */
+/* The last read of x at *t: a 100 us sum into the small tensor out, then
+ * both freed. */
+static void last_read(fx_t *f, int64_t *t, uint32_t x, uint32_t out) {
+  fx_op(f, *t, *t + 100 * US, "aten.sum.default", &x, 1, &out, 1);
+  *t += 100 * US;
+  fx_free(f, *t, x);
+  fx_free(f, *t, out);
+}
+
 static cap_profile_t *fc_gelu(void) {
   fx_t f = {cap_profile_create(), 0, 0};
   enum { W, A, B, C, D, T4, T5, T6, T7 };
@@ -284,24 +293,16 @@ static cap_profile_t *fc_gelu(void) {
   fx_tensor(&f, D, 150 * MB, CAP_KIND_ACTIVATION);
   for (uint32_t i = T4; i <= T7; i++)
     fx_tensor(&f, i, 1 * MB, CAP_KIND_ACTIVATION);
-  uint32_t w = W, a = A, b = B, c = C, d = D, t4 = T4, t5 = T5, t6 = T6,
-           t7 = T7;
+  uint32_t w = W, a = A, b = B, c = C, d = D;
   fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &a, 1);
   fx_op(&f, 2000 * US, 2010 * US, "aten.gelu.default", &a, 1, &b, 1);
   fx_op(&f, 2010 * US, 2020 * US, "aten.relu.default", &w, 1, &c, 1);
   fx_op(&f, 2020 * US, 2120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
-  fx_op(&f, 2120 * US, 2220 * US, "aten.sum.default", &d, 1, &t4, 1);
-  fx_free(&f, 2220 * US, D);
-  fx_free(&f, 2220 * US, T4);
-  fx_op(&f, 2220 * US, 2320 * US, "aten.sum.default", &c, 1, &t5, 1);
-  fx_free(&f, 2320 * US, C);
-  fx_free(&f, 2320 * US, T5);
-  fx_op(&f, 2320 * US, 2420 * US, "aten.sum.default", &b, 1, &t6, 1);
-  fx_free(&f, 2420 * US, B);
-  fx_free(&f, 2420 * US, T6);
-  fx_op(&f, 2420 * US, 2520 * US, "aten.sum.default", &a, 1, &t7, 1);
-  fx_free(&f, 2520 * US, A);
-  fx_free(&f, 2520 * US, T7);
+  int64_t t = 2120 * US;
+  last_read(&f, &t, D, T4);
+  last_read(&f, &t, C, T5);
+  last_read(&f, &t, B, T6);
+  last_read(&f, &t, A, T7);
   return fx_finish(&f);
 }
 
@@ -350,24 +351,16 @@ static cap_profile_t *cheap_chain(void) {
   fx_tensor(&f, D, 200 * MB, CAP_KIND_ACTIVATION);
   for (uint32_t i = T4; i <= T7; i++)
     fx_tensor(&f, i, 4096, CAP_KIND_ACTIVATION);
-  uint32_t w = W, a = A, x1 = X1, x2 = X2, d = D, t4 = T4, t5 = T5, t6 = T6,
-           t7 = T7;
+  uint32_t w = W, a = A, x1 = X1, x2 = X2, d = D;
   fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &a, 1);
   fx_op(&f, 2000 * US, 2010 * US, "aten.relu.default", &w, 1, &x1, 1);
   fx_op(&f, 2010 * US, 2020 * US, "aten.neg.default", &x1, 1, &x2, 1);
   fx_op(&f, 2020 * US, 2120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
-  fx_op(&f, 2120 * US, 2220 * US, "aten.sum.default", &d, 1, &t4, 1);
-  fx_free(&f, 2220 * US, D);
-  fx_free(&f, 2220 * US, T4);
-  fx_op(&f, 2220 * US, 2320 * US, "aten.sum.default", &x2, 1, &t5, 1);
-  fx_free(&f, 2320 * US, X2);
-  fx_free(&f, 2320 * US, T5);
-  fx_op(&f, 2320 * US, 2420 * US, "aten.sum.default", &x1, 1, &t6, 1);
-  fx_free(&f, 2420 * US, X1);
-  fx_free(&f, 2420 * US, T6);
-  fx_op(&f, 2420 * US, 2520 * US, "aten.sum.default", &a, 1, &t7, 1);
-  fx_free(&f, 2520 * US, A);
-  fx_free(&f, 2520 * US, T7);
+  int64_t t = 2120 * US;
+  last_read(&f, &t, D, T4);
+  last_read(&f, &t, X2, T5);
+  last_read(&f, &t, X1, T6);
+  last_read(&f, &t, A, T7);
   return fx_finish(&f);
 }
 
