@@ -297,6 +297,21 @@ int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
                         const cap_profile_t *p, const cap_bandwidth_t *bw,
                         uint64_t limit, bool *kept);
 
+/* next, a change to plan with its lists made explicit, simulated and taken
+ * as cap__take_if_better takes it (*kept). While it is not, every late
+ * prefetch starts its lateness earlier (cap__earlier_trigger) and it is
+ * simulated again, `rounds` simulations at most: a new prefetch just in
+ * time queues behind others in the H2D FIFO, and small ones behind it come
+ * late (a batch-norm statistic of 256 bytes 3 ms late behind a 196 MiB
+ * tensor). *first_ns (unless NULL): its time as first simulated. next stays
+ * the caller's (improve.c). Returns 0 or cap_sim_run's error (CAP_EINVAL:
+ * a list cannot run as written). */
+int cap__take_with_earlier_prefetches(cap_plan_t *plan, cap_plan_t *next,
+                                      const cap_profile_t *p,
+                                      const cap_plan_config_t *cfg,
+                                      uint64_t limit, uint32_t rounds,
+                                      int64_t *first_ns, bool *kept);
+
 /* Swap action ai of plan with its prefetch started lead ns earlier
  * (cap__earlier_trigger), simulated and kept as cap__keep_if_faster keeps;
  * *tried false when no other trigger does that (nothing simulated)

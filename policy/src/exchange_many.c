@@ -68,39 +68,11 @@ static int try_many(cap_plan_t *plan, const cap_profile_t *p,
     cap__make_swap(
         &next->actions[cap__find_action(next, ys[i]->tensor, ys[i]->k)], p,
         cfg, 0);
-  uint32_t tt, ta;
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
-  for (uint32_t round = 0; !rc && round < LATE_ROUNDS; round++) {
-    cap_sim_result_t r;
-    rc = cap_sim_run(p, next, &cfg->bw, &r);
-    if (rc)
-      break;
-    next->predicted_iter_ns = r.iter_ns;
-    next->predicted_peak_bytes = r.peak_bytes;
-    if (cap__take_if_better(plan, next, p, limit)) {
-      cap_sim_result_close(&r);
-      *kept = true;
-      break;
-    }
-    /* a prefetch just in time may queue behind another one coming back
-     * at the end of the backward pass (the small batch-norm statistics
-     * behind Y's): start each late one its lateness earlier */
-    bool moved = false;
-    for (uint32_t i = 0; i < r.n_prefetches; i++) {
-      cap_action_t *pa = &next->actions[r.prefetches[i].action];
-      if (r.prefetches[i].late_ns > 0 &&
-          cap__earlier_trigger(p, pa, r.prefetches[i].late_ns,
-                               cfg->trigger_margin_ns, &tt, &ta)) {
-        moved |= pa->prefetch_tensor != tt || pa->prefetch_access != ta;
-        pa->prefetch_tensor = tt;
-        pa->prefetch_access = ta;
-      }
-    }
-    cap_sim_result_close(&r);
-    if (!moved)
-      break;
-  }
+  if (!rc)
+    rc = cap__take_with_earlier_prefetches(plan, next, p, cfg, limit,
+                                           LATE_ROUNDS, NULL, kept);
   cap_plan_destroy(next);
   return rc == CAP_ENOENT || rc == CAP_EINVAL ? 0 : rc;
 }

@@ -87,6 +87,42 @@ int cap__keep_if_faster(cap_plan_t *plan, cap_plan_t *next,
   return rc;
 }
 
+int cap__take_with_earlier_prefetches(cap_plan_t *plan, cap_plan_t *next,
+                                      const cap_profile_t *p,
+                                      const cap_plan_config_t *cfg,
+                                      uint64_t limit, uint32_t rounds,
+                                      int64_t *first_ns, bool *kept) {
+  *kept = false;
+  int rc = 0;
+  for (uint32_t round = 0; !rc && round < rounds; round++) {
+    cap_sim_result_t r;
+    rc = cap_sim_run(p, next, &cfg->bw, &r);
+    if (rc)
+      break;
+    next->predicted_iter_ns = r.iter_ns;
+    next->predicted_peak_bytes = r.peak_bytes;
+    if (!round && first_ns)
+      *first_ns = r.iter_ns;
+    *kept = cap__take_if_better(plan, next, p, limit);
+    bool moved = false;
+    for (uint32_t i = 0; i < r.n_prefetches && !*kept; i++) {
+      cap_action_t *pa = &next->actions[r.prefetches[i].action];
+      uint32_t tt, ta;
+      if (r.prefetches[i].late_ns > 0 &&
+          cap__earlier_trigger(p, pa, r.prefetches[i].late_ns,
+                               cfg->trigger_margin_ns, &tt, &ta)) {
+        moved |= pa->prefetch_tensor != tt || pa->prefetch_access != ta;
+        pa->prefetch_tensor = tt;
+        pa->prefetch_access = ta;
+      }
+    }
+    cap_sim_result_close(&r);
+    if (!moved)
+      break;
+  }
+  return rc;
+}
+
 void cap__make_swap(cap_action_t *a, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, int64_t lead) {
   uint32_t tt, ta;

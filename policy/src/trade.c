@@ -32,6 +32,7 @@
 #include "planners.h"
 
 #define TRADE_MAX 8u  /* drops traded for one replay */
+#define TRADE_LATE_ROUNDS 8u /* simulations per trade, short profiles */
 #define TRADE_SETS 3u /* sets of drops tried for one replay */
 
 /* Whether two sorted op lists share an op. */
@@ -165,14 +166,17 @@ static int try_trade(cap_plan_t *plan, const cap_profile_t *p,
       rc = cap_plan_add_recompute(next, xs[i]->tensor, xs[i]->k, lin->ops,
                                   lin->n_ops);
   }
+  /* its new swaps' prefetches (a source a drop needs, on demand) may come
+   * late behind others: moved earlier a few times on short profiles */
+  int64_t before = plan->predicted_iter_ns, first_ns = before;
+  bool kept;
   if (!rc)
     rc = cap__plan_make_explicit(next, p, NULL);
   if (!rc)
-    rc = cap__plan_predict(next, p, &cfg->bw);
-  if (!rc) {
-    *gain = plan->predicted_iter_ns - next->predicted_iter_ns;
-    cap__take_if_better(plan, next, p, limit);
-  }
+    rc = cap__take_with_earlier_prefetches(
+        plan, next, p, cfg, limit,
+        p->n_ops < CAP__SMALL_OPS ? TRADE_LATE_ROUNDS : 1, &first_ns, &kept);
+  *gain = before - first_ns;
   cap_plan_destroy(next);
   return rc == CAP_ENOENT || rc == CAP_EINVAL ? 0 : rc;
 }
