@@ -283,6 +283,15 @@ static void last_read(fx_t *f, int64_t *t, uint32_t x, uint32_t out) {
   fx_free(f, *t, out);
 }
 
+/* An op of length len on the weight W (tensor 0) at *t, its small output
+ * out freed after. */
+static void op_on_w(fx_t *f, int64_t *t, int64_t len, uint32_t out) {
+  uint32_t w = 0;
+  fx_op(f, *t, *t + len, "aten.mul.Tensor", &w, 1, &out, 1);
+  *t += len;
+  fx_free(f, *t, out);
+}
+
 static cap_profile_t *fc_gelu(void) {
   fx_t f = {cap_profile_create(), 0, 0};
   enum { W, A, B, C, D, T4, T5, T6, T7 };
@@ -306,6 +315,26 @@ static cap_profile_t *fc_gelu(void) {
   return fx_finish(&f);
 }
 
+/* plan, written by hand for p over the budget unmanaged (base), before the
+ * trade move (its lists valid, before_ns slower than base, within the
+ * budget) and after it (after_ns slower, no higher at its peak, A, tensor 1,
+ * on the device after its access a_k). */
+static void check_trade(cap_plan_t *plan, const cap_profile_t *p,
+                        const cap_plan_config_t *cfg,
+                        const cap_sim_result_t *base, uint32_t a_k,
+                        int64_t before_ns, int64_t after_ns) {
+  CHECK(base->peak_bytes > cfg->budget_bytes);
+  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
+  REQUIRE(cap__plan_predict(plan, p, &cfg->bw) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base->iter_ns, before_ns);
+  uint64_t peak = plan->predicted_peak_bytes;
+  CHECK(peak <= cfg->budget_bytes);
+  REQUIRE(cap__trade_replays(plan, p, cfg, 16) == 0);
+  CHECK_EQ(plan->predicted_iter_ns - base->iter_ns, after_ns);
+  CHECK(plan->predicted_peak_bytes <= peak);
+  CHECK_EQ(cap__find_action(plan, 1, a_k), CAP_NONE);
+}
+
 static void test_replay_traded_for_cheap_drop(void) {
   cap_profile_t *p = fc_gelu();
   REQUIRE(p);
@@ -313,25 +342,18 @@ static void test_replay_traded_for_cheap_drop(void) {
   cap_sim_result_t base;
   cap_plan_t *plan = start(p, 260 * MB, &cfg, &base);
   REQUIRE(plan);
-  CHECK(base.peak_bytes > cfg.budget_bytes);
   uint32_t a_list[] = {0}, b_list[] = {0, 1};
   REQUIRE(cap_plan_add_recompute(plan, 1, 2, a_list, 1) == 0); /* A */
   REQUIRE(cap_plan_add_recompute(plan, 2, 1, b_list, 2) == 0); /* B */
   REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
   REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
-  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2010 * US);
-  uint64_t peak = plan->predicted_peak_bytes;
-  CHECK(peak <= cfg.budget_bytes);
   /* the local search alone finds nothing better */
   cap_plan_t *searched = cap_plan_clone(plan);
   REQUIRE(searched);
   REQUIRE(cap__plan_improve(searched, p, &cfg, 64) == 0);
   CHECK_EQ(searched->predicted_iter_ns, plan->predicted_iter_ns);
   cap_plan_destroy(searched);
-  REQUIRE(cap__trade_replays(plan, p, &cfg, 16) == 0);
-  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 20 * US);
-  CHECK(plan->predicted_peak_bytes <= peak);
-  CHECK_EQ(cap__find_action(plan, 1, 2), CAP_NONE); /* A stays */
+  check_trade(plan, p, &cfg, &base, 2, 2010 * US, 20 * US);
   uint32_t bi = cap__find_action(plan, 2, 1), ci = cap__find_action(plan, 3, 1);
   REQUIRE(bi != CAP_NONE && ci != CAP_NONE);
   CHECK_EQ(plan->actions[bi].n_recompute, 1); /* gelu alone */
@@ -339,58 +361,84 @@ static void test_replay_traded_for_cheap_drop(void) {
   finish(plan, p, &base);
 }
 
-/* A costly matrix product A (2 ms) and a cheap chain X1 = relu(W), X2 =
- * neg(X1), all live at the peak (op 3), read back in the order X2, X1, A. */
-static cap_profile_t *cheap_chain(void) {
+/* A costly matrix product A (1.5 ms) and a cheap chain X1 = relu(W), X2 =
+ * neg(X1) (10 us each, 100 MB each), all live at the peak (op 4, D);
+ * long ops (3 ms on W) give copies time: before the peak, after it, and
+ * before X1's read; a short op (100 us) comes just before X2's read:
+ *   op0 A = mm W (1.5 ms), op1 X1, op2 X2 = neg X1, op3 long, op4 D = mul
+ *   W, op5 reads D, op6 long, op7 short, op8 reads X2, op9 long, op10
+ *   reads X1, op11 reads A. */
+static cap_profile_t *late_source(void) {
   fx_t f = {cap_profile_create(), 0, 0};
-  enum { W, A, X1, X2, D, T4, T5, T6, T7 };
+  enum { W, A, X1, X2, D, T3, T5, T6, T7, T8, T9, T10, T11 };
   fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
   fx_tensor(&f, A, 100 * MB, CAP_KIND_ACTIVATION);
   fx_tensor(&f, X1, 100 * MB, CAP_KIND_ACTIVATION);
   fx_tensor(&f, X2, 100 * MB, CAP_KIND_ACTIVATION);
-  fx_tensor(&f, D, 200 * MB, CAP_KIND_ACTIVATION);
-  for (uint32_t i = T4; i <= T7; i++)
+  fx_tensor(&f, D, 201 * MB, CAP_KIND_ACTIVATION);
+  for (uint32_t i = T3; i <= T11; i++)
     fx_tensor(&f, i, 4096, CAP_KIND_ACTIVATION);
   uint32_t w = W, a = A, x1 = X1, x2 = X2, d = D;
-  fx_op(&f, 0, 2000 * US, "aten.mm.default", &w, 1, &a, 1);
-  fx_op(&f, 2000 * US, 2010 * US, "aten.relu.default", &w, 1, &x1, 1);
-  fx_op(&f, 2010 * US, 2020 * US, "aten.neg.default", &x1, 1, &x2, 1);
-  fx_op(&f, 2020 * US, 2120 * US, "aten.mul.Tensor", &w, 1, &d, 1);
-  int64_t t = 2120 * US;
-  last_read(&f, &t, D, T4);
-  last_read(&f, &t, X2, T5);
-  last_read(&f, &t, X1, T6);
-  last_read(&f, &t, A, T7);
+  fx_op(&f, 0, 1500 * US, "aten.mm.default", &w, 1, &a, 1);
+  fx_op(&f, 1500 * US, 1510 * US, "aten.relu.default", &w, 1, &x1, 1);
+  fx_op(&f, 1510 * US, 1520 * US, "aten.neg.default", &x1, 1, &x2, 1);
+  int64_t t = 1520 * US;
+  op_on_w(&f, &t, 3000 * US, T3);
+  fx_op(&f, t, t + 100 * US, "aten.mul.Tensor", &w, 1, &d, 1);
+  t += 100 * US;
+  last_read(&f, &t, D, T5);
+  op_on_w(&f, &t, 3000 * US, T6);
+  op_on_w(&f, &t, 100 * US, T7);
+  last_read(&f, &t, X2, T8);
+  op_on_w(&f, &t, 3000 * US, T9);
+  last_read(&f, &t, X1, T10);
+  last_read(&f, &t, A, T11);
   return fx_finish(&f);
 }
 
 /* The plan drops A and X1. The only tensor to drop in A's place is X2,
  * whose source X1 the plan has off the device when X2 comes back: its list
  * replays X1 too, which brings X1 back for its own read, so the trade costs
- * 20 us instead of 2 ms, at the same peak. */
+ * 20 us instead of 1.5 ms, at the same peak. */
 static void test_replay_traded_for_drop_of_dropped_source(void) {
-  cap_profile_t *p = cheap_chain();
+  cap_profile_t *p = late_source();
   REQUIRE(p);
   cap_plan_config_t cfg;
   cap_sim_result_t base;
   cap_plan_t *plan = start(p, 310 * MB, &cfg, &base);
   REQUIRE(plan);
-  CHECK(base.peak_bytes > cfg.budget_bytes);
   uint32_t a_list[] = {0}, x1_list[] = {1};
   REQUIRE(cap_plan_add_recompute(plan, 1, 1, a_list, 1) == 0);  /* A */
   REQUIRE(cap_plan_add_recompute(plan, 2, 2, x1_list, 1) == 0); /* X1 */
-  REQUIRE(cap_plan_validate(plan, p, NULL, 0) == 0);
-  REQUIRE(cap__plan_predict(plan, p, &cfg.bw) == 0);
-  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 2010 * US);
-  uint64_t peak = plan->predicted_peak_bytes;
-  CHECK(peak <= cfg.budget_bytes);
-  REQUIRE(cap__trade_replays(plan, p, &cfg, 16) == 0);
-  CHECK_EQ(plan->predicted_iter_ns - base.iter_ns, 20 * US);
-  CHECK(plan->predicted_peak_bytes <= peak);
-  CHECK_EQ(cap__find_action(plan, 1, 1), CAP_NONE); /* A stays */
+  check_trade(plan, p, &cfg, &base, 1, 1510 * US, 20 * US);
   uint32_t xi = cap__find_action(plan, 3, 1);
   REQUIRE(xi != CAP_NONE);
   CHECK_EQ(plan->actions[xi].n_recompute, 2); /* relu, then neg */
+  finish(plan, p, &base);
+}
+
+/* The plan drops A (1.5 ms to replay) and swaps X1, its prefetch issued at
+ * op 9. Dropping X2 in A's place needs X1 back for X2's list at op 8: its
+ * prefetch, moved to op 7, comes 1.7 ms late, slower than A's replay.
+ * Started that much earlier (op 6, after the peak), it is on time: the
+ * trade costs X2's 10 us replay, at the same peak. */
+static void test_trade_moves_late_prefetch_earlier(void) {
+  cap_profile_t *p = late_source();
+  REQUIRE(p);
+  cap_plan_config_t cfg;
+  cap_sim_result_t base;
+  cap_plan_t *plan = start(p, 310 * MB, &cfg, &base);
+  REQUIRE(plan);
+  uint32_t tt, ta, a_list[] = {0};
+  REQUIRE(cap__trigger_name(p, 9, 2, &tt, &ta));
+  REQUIRE(cap_plan_add_recompute(plan, 1, 1, a_list, 1) == 0); /* A */
+  REQUIRE(cap_plan_add_swap(plan, 2, 2, tt, ta, 0) == 0);      /* X1 */
+  check_trade(plan, p, &cfg, &base, 1, 1500 * US, 10 * US);
+  uint32_t xi = cap__find_action(plan, 3, 1), si = cap__find_action(plan, 2, 2);
+  REQUIRE(xi != CAP_NONE && si != CAP_NONE);
+  CHECK_EQ(plan->actions[xi].method, CAP_METHOD_RECOMPUTE);
+  CHECK(cap_profile_access_op(p, plan->actions[si].prefetch_tensor,
+                              plan->actions[si].prefetch_access) <= 6);
   finish(plan, p, &base);
 }
 
@@ -401,5 +449,6 @@ int main(void) {
   RUN_TEST(test_late_swap_replayed);
   RUN_TEST(test_replay_traded_for_cheap_drop);
   RUN_TEST(test_replay_traded_for_drop_of_dropped_source);
+  RUN_TEST(test_trade_moves_late_prefetch_earlier);
   return TEST_SUMMARY();
 }
