@@ -149,6 +149,7 @@ class TightBound(lb.LowerBound):
         super().__init__(tr, *args, **kw)
         # the simulator's memory at every op is at least the LP's plus these bytes
         self.untracked = untracked_bytes(tr)
+        self.forced_closures = {}                # (x, a, q) -> forced_closure's ops
         self.live = self.live + self.untracked
         self.min_budget += self.untracked
         # writes: T -> its in-place writers after its producer (an op listing T on both
@@ -268,33 +269,27 @@ class TightBound(lb.LowerBound):
             worst = max(worst, acc / lb.H2D_GBPS - (tr.ts[q] - tr.te[o]))
         return worst
 
+    def forced_closure(self, x, a, q):
+        """closure(x, a, q) at FORCED_CLOSURE_MAX ops, computed once per gap."""
+        key = (x, a, q)
+        if key not in self.forced_closures:
+            self.forced_closures[key] = self.closure(x, a, q, FORCED_CLOSURE_MAX)
+        return self.forced_closures[key]
+
     def cheap_replays(self, cands):
-        """The activation candidates whose replay (closure, FORCED_CLOSURE_MAX ops) costs less per
-        byte than a copy: the order forced() tries pinch ops in takes them as free."""
-        tr, cache = self.tr, self.__dict__.setdefault('_cheap', {})
-        out = set()
-        for c in cands:
-            x, a, q = c
-            if tr.kind[x] != 'activation' or x not in tr.producer:
-                continue
-            if c not in cache:
-                d = sum(tr.dur[op] for op in self.closure(x, a, q, FORCED_CLOSURE_MAX))
-                cache[c] = d < tr.size[x] / lb.H2D_GBPS
-            if cache[c]:
-                out.add(c)
-        return out
+        """The activation candidates whose replay (forced_closure) costs less per byte than a
+        copy: the order forced() tries pinch ops in takes them as free."""
+        tr = self.tr
+        return {c for c in cands if tr.kind[c[0]] == 'activation' and c[0] in tr.producer
+                and sum(tr.dur[op] for op in self.forced_closure(*c))
+                < tr.size[c[0]] / lb.H2D_GBPS}
 
     def forced_at(self, o, X, cands):
-        """The LP of FORCED COPIES at pinch op o: (extra ns, status)."""
+        """The MILP of FORCED COPIES at pinch op o: (extra ns or None, solver status)."""
         tr = self.tr
         k = len(cands)
-        cache = self.__dict__.setdefault('_closures', {})
-        reps = []
-        for i, (x, a, q) in enumerate(cands):
-            if tr.kind[x] == 'activation' and x in tr.producer:
-                if (x, a, q) not in cache:
-                    cache[(x, a, q)] = self.closure(x, a, q, FORCED_CLOSURE_MAX)
-                reps.append((i, cache[(x, a, q)]))
+        reps = [(i, self.forced_closure(*c)) for i, c in enumerate(cands)
+                if tr.kind[c[0]] == 'activation' and c[0] in tr.producer]
         ops = sorted({op for _, cl in reps for op in cl})
         opcol = {op: i for i, op in enumerate(ops)}
         nx, ny = len(reps), len(ops)
@@ -357,7 +352,7 @@ class TightBound(lb.LowerBound):
         return float(v) * lb.US, sol.status
 
     def best_pinch(self, scored, best=0.0, best_op=None):
-        """The largest forced_at over scored ((likely, most, o, X, cands) per op), at most
+        """The largest forced_at over scored (ranked(), per op), at most
         FORCED_OPS tried, the likeliest by two orders; the MILP is at most `most`, the
         copy-only value, so an op where that is no more than best is skipped."""
         tries = sorted(scored, key=lambda s: -s[0])[:FORCED_OPS // 2]
@@ -372,7 +367,9 @@ class TightBound(lb.LowerBound):
                 best, best_op = v, o
         return best, best_op
 
-    def scored(self, o, X, cands):
+    def ranked(self, o, X, cands):
+        """What best_pinch orders pinch op o by: (copy-only value with the cheap replays
+        free, copy-only value, o, X, cands)."""
         return (self.copy_only(o, X, cands, self.cheap_replays(cands)),
                 self.copy_only(o, X, cands), o, X, cands)
 
@@ -390,7 +387,7 @@ class TightBound(lb.LowerBound):
             if v > best:
                 best, best_op = v, o
             scored[o] = (X, cands)
-        best, best_op = self.best_pinch([self.scored(o, X, c) for o, (X, c) in scored.items()],
+        best, best_op = self.best_pinch([self.ranked(o, X, c) for o, (X, c) in scored.items()],
                                         best, best_op)
         if best_op is None:
             return 0.0, None, None
@@ -400,7 +397,7 @@ class TightBound(lb.LowerBound):
             due = [c for c in cands if c[2] <= best_op]
             Xd = X - sum(self.tr.size[c[0]] for c in cands if c[2] > best_op)
             if o < best_op and Xd > 0:
-                first.append(self.scored(o, Xd, due))
+                first.append(self.ranked(o, Xd, due))
         more, first_op = self.best_pinch(first)
         return best + more, best_op, first_op
 
