@@ -18,8 +18,10 @@
 #include "store.h"
 #include "testclient.h"
 
-/* The 1 s planning bound is for a product build (resnet50 at 50 %: about
- * 0.4 s); sanitizers slow planning 20-40x, more on a loaded machine. */
+/* The 2 s planning bound is for a product build (resnet50 at 50 %: about
+ * 0.6 s, up to 1 s on a loaded 2-core machine; capuchin-replay waits 3 s
+ * for a plan, as a data loader's pause); sanitizers slow planning 20-40x,
+ * more on a loaded machine. */
 #if defined(__SANITIZE_ADDRESS__)
 #define PLAN_LIMIT_MS 60000
 #elif defined(__has_feature)
@@ -28,7 +30,7 @@
 #endif
 #endif
 #ifndef PLAN_LIMIT_MS
-#define PLAN_LIMIT_MS 1000
+#define PLAN_LIMIT_MS 2000
 #endif
 /* How long a test waits for a plan the daemon computes. */
 #define PLAN_WAIT_MS (PLAN_LIMIT_MS > 10000 ? PLAN_LIMIT_MS : 10000)
