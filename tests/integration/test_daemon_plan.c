@@ -19,7 +19,7 @@
 #include "testclient.h"
 
 /* The 2 s planning bound is for a product build (resnet50 at 50 %: about
- * 0.6 s, up to 1 s on a loaded 2-core machine; capuchin-replay waits 3 s
+ * 0.5 s, more on a loaded 2-core machine; capuchin-replay waits 3 s
  * for a plan, as a data loader's pause); sanitizers slow planning 20-40x,
  * more on a loaded machine. */
 #if defined(__SANITIZE_ADDRESS__)
