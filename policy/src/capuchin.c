@@ -1137,7 +1137,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
   /* The last moves are local searches: where they end depends on where
    * they start, and the runner-up often ends faster than the best
    * (inception_v3 at 30 %: 11.06 % -> 10.70 %, mobilenet_v2 at 50 %: 8.08 %
-   * -> 7.79 %). One more plan, for planning time; short profiles only,
+   * -> 7.79 %). Only the runner-up, for planning time; short profiles only,
    * where the moves run; without the group move, which changed none of the
    * 84 plans of bench_bound there and costs a sixth of resnet50's planning
    * at 50 %. */
