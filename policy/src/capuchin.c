@@ -1026,27 +1026,27 @@ static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
   return 0;
 }
 
-/* The moves after the search, on *bestp (which the last may replace); the
- * group move only with `group`. */
-static int last_moves(cap_plan_t **bestp, const cap_profile_t *p,
+/* The moves after the search, on *planp (the best plan or the runner-up;
+ * the last move may replace it); the group move only with `group`. */
+static int last_moves(cap_plan_t **planp, const cap_profile_t *p,
                       const cap_plan_config_t *cfg, uint32_t tries,
                       bool group) {
-  cap_plan_t *best = *bestp;
+  cap_plan_t *plan = *planp;
   /* late swaps for evictions of tensors needed later (substitute.c):
    * cheap, so on every profile (bert_large's optimizer stalls) */
-  int rc = cap__substitute_late(best, p, cfg, subst_sims(p));
+  int rc = cap__substitute_late(plan, p, cfg, subst_sims(p));
   /* the plan may come from a search with few tries for its late
    * prefetches; a kept trigger moves the others' lateness: again while it
    * helps */
   for (uint32_t pass = 0;
        !rc && p->n_ops < CAP__SMALL_OPS && pass < POLISH_PASSES; pass++) {
-    int64_t before = best->predicted_iter_ns;
-    rc = cap__polish_triggers(best, p, cfg, POLISH_SIMS);
-    if (best->predicted_iter_ns >= before)
+    int64_t before = plan->predicted_iter_ns;
+    rc = cap__polish_triggers(plan, p, cfg, POLISH_SIMS);
+    if (plan->predicted_iter_ns >= before)
       break;
     /* the moved prefetches change what the search's moves see */
     if (!rc)
-      rc = search_repeated(best, p, cfg, tries / 4);
+      rc = search_repeated(plan, p, cfg, tries / 4);
   }
   /* replays and swaps exchanged one or several for one (exchange_many.c),
    * last: every pass before keeps its path (a plan made faster earlier
@@ -1054,13 +1054,13 @@ static int last_moves(cap_plan_t **bestp, const cap_profile_t *p,
    * that keeps one is followed by the search, on what it moved, and by
    * another pass */
   if (!rc && p->n_ops < CAP__SMALL_OPS)
-    rc = move_passes(best, p, cfg, cap__exchange_many, MANY_TRIES, MANY_PASSES);
+    rc = move_passes(plan, p, cfg, cap__exchange_many, MANY_TRIES, MANY_PASSES);
   /* multi-output ops replayed whole (group.c), last: the passes above,
    * run on its plan instead, can end slower. Short profiles only. */
   if (!rc && group && p->n_ops < CAP__SMALL_OPS)
-    rc = cap__group_replays(best, p, cfg, GROUP_OPS, tries / 4);
+    rc = cap__group_replays(plan, p, cfg, GROUP_OPS, tries / 4);
   if (!rc)
-    rc = trade_and_room(bestp, p, cfg, tries);
+    rc = trade_and_room(planp, p, cfg, tries);
   return rc;
 }
 
