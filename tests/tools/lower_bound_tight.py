@@ -102,8 +102,8 @@ plan replays a tensor whole, running its closure whole, so a plan that replays a
 whose closure alone runs V ns (V the copy-only value at o, no replay) costs at least V, and
 a plan that replays none of them is a solution of the MILP without them.  The bound at o is
 then at least min(V, that MILP): such candidates are left out of the replays, and the value
-is capped at V (the MILP is integral where the copy-only value may copy part of a tensor).  (bert_large at 60 % --evict-persistent: 3.67 ms
-with them, 5.16 ms without, at op 3332.)
+is capped at V (the MILP is integral where the copy-only value may copy part of a tensor).
+(bert_large at 60 % --evict-persistent: 3.67 ms with them, 5.16 ms without, at op 3332.)
 
 TWO PINCHES.  The time a plan inserts after o ends and before its candidates' next accesses
 is disjoint from what it inserts between an earlier op o1's end and o's start.  At o1, the
