@@ -539,11 +539,6 @@ static void test_late_swap_out_fits(void) {
   cap_profile_destroy(p);
 }
 
-/* The last moves (substitution, polish, exchange, group, trade) are local
- * searches, run on the best searched plan and on the runner-up: on
- * mobilenet_v2 at the lower bound's 50 % budget the best searched plan
- * ends them at 8.08 % over the unmanaged iteration, the runner-up at
- * 7.79 %; the planner keeps the faster. */
 /* The planned overhead over unmanaged, %, of trace at budget bytes, into
  * *pct (100 when no plan comes back); the plan checked by plan_checked. */
 static void planned_overhead(const char *trace, uint64_t budget, double *pct) {
@@ -569,8 +564,11 @@ static void planned_overhead(const char *trace, uint64_t budget, double *pct) {
   cap_profile_destroy(p);
 }
 
-/* mobilenet_v2 at the lower bound's 50 %: 8.08 % with the last moves on
- * the best plan only, 7.79 % with them on the runner-up too. */
+/* The last moves (substitution, polish, exchange, group, trade) are local
+ * searches, run on the best searched plan and on the runner-up: on
+ * mobilenet_v2 at the lower bound's 50 % budget the best searched plan
+ * ends them at 8.08 % over the unmanaged iteration, the runner-up at
+ * 7.79 %; the planner keeps the faster. */
 static void test_last_moves_on_runner_up(void) {
   double pct;
   planned_overhead("traces/mobilenet_v2.trace", 2568439524u, &pct);
