@@ -51,7 +51,6 @@
 #define MANY_TRIES 16u /* replays, and swaps, each exchange pass tries */
 #define MANY_PASSES 3u /* its passes, each with a search after */
 #define POLISH_PASSES 6u /* rounds of that pass, each with a search after */
-#define LAST_ROUNDS 2u   /* rounds of the last moves, short profiles */
 #define TRADE_TRIES 16u /* replays each trade pass tries */
 #define TRADE_PASSES 3u /* its passes, each with a search after */
 #define GROUP_OPS 8u     /* multi-output ops the group move replays whole */
@@ -1063,21 +1062,18 @@ static int last_moves(cap_plan_t **planp, const cap_profile_t *p,
   if (!rc)
     rc = trade_and_room(planp, p, cfg, tries);
   /* the room pass takes back the costliest replays it can: what is left
-   * to exchange, to start earlier and to trade differs. Again while it
-   * helps, LAST_ROUNDS in all, on short profiles (bench_bound: 18 of 84
-   * plans faster, none slower, for 20-28 % more planning time; two more
-   * rounds: 5 more, 0.01-2 % faster, for 10 % more) */
-  for (uint32_t round = 1;
-       !rc && p->n_ops < CAP__SMALL_OPS && round < LAST_ROUNDS; round++) {
-    int64_t before = (*planp)->predicted_iter_ns;
+   * to exchange, to start earlier and to trade differs. A second round of
+   * those, on short profiles (bench_bound: 18 of 84 plans faster, none
+   * slower, for 20-28 % more planning time; two more rounds: 5 more,
+   * 0.01-2 % faster, for 10 % more). trade_and_room may have replaced the
+   * plan: *planp, not plan, from here. */
+  if (!rc && p->n_ops < CAP__SMALL_OPS) {
     rc = move_passes(*planp, p, cfg, cap__exchange_many, MANY_TRIES,
                      MANY_PASSES);
     if (!rc)
       rc = cap__polish_triggers(*planp, p, cfg, POLISH_SIMS);
     if (!rc)
       rc = trade_and_room(planp, p, cfg, tries);
-    if ((*planp)->predicted_iter_ns >= before)
-      break;
   }
   return rc;
 }
