@@ -295,13 +295,13 @@ class TightBound(lb.LowerBound):
                 and sum(tr.dur[op] for op in self.forced_closure(*c))
                 < tr.size[c[0]] / lb.H2D_GBPS}
 
-    def forced_at(self, o, X, cands):
-        """The MILP of FORCED COPIES at pinch op o: (extra ns or None, solver status)."""
+    def forced_at(self, o, X, cands, most):
+        """The MILP of FORCED COPIES at pinch op o, most its copy-only value: (extra ns or
+        None, solver status)."""
         tr = self.tr
         k = len(cands)
         # A replay whose closure alone runs at least the copy-only value is left out: a
         # plan making it costs that much already (WHOLE REPLAYS above)
-        most = self.copy_only(o, X, cands)
         reps = [(i, self.forced_closure(*c)) for i, c in enumerate(cands)
                 if tr.kind[c[0]] == 'activation' and c[0] in tr.producer]
         n_reps = len(reps)
@@ -383,7 +383,7 @@ class TightBound(lb.LowerBound):
             if most <= best or o in done:
                 continue
             done.add(o)
-            v, _ = self.forced_at(o, X, cands)
+            v, _ = self.forced_at(o, X, cands, most)
             if v is not None and v > best:
                 best, best_op = v, o
         return best, best_op
