@@ -359,13 +359,20 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
  * its list rebuilt): the tensor stays, and gaps the plan leaves on the
  * device across the ops it would take over the plan's peak, cheapest to
  * replay per byte, are dropped instead, their replays costing less than
- * the saving. Keeps each change that the simulator finds faster, no higher
- * at its peak, and valid (trade.c). Returns 0 or an error. */
+ * the saving; then, on short profiles, pairs of those replays kept
+ * together the same way. Keeps each change that the simulator finds faster, no
+ * higher at its peak, and valid (trade.c). Returns 0 or an error. */
 int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 /* The same, each change kept up to the budget rather than the plan's own
  * peak. */
 int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
+                            const cap_plan_config_t *cfg, uint32_t max_tries);
+/* The same as cap__trade_replays, the drops allowed to leave up to 1/16 of
+ * the kept bytes uncovered by the estimate (each op's bytes from the
+ * simulator's residencies; queues that move with the plan, it cannot
+ * see): the simulator judges. */
+int cap__trade_replays_near(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries);
 
 /* The ops with two or more evictable outputs, cheapest per byte first (at
