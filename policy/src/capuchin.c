@@ -1012,9 +1012,9 @@ static int trade_then_room(cap_plan_t *plan, const cap_profile_t *p,
  * the room, and the faster plan wins: each way wins on some plans
  * (bert_base at 50 % 2.09 against 1.85 % with the room, resnet50 at 30 %
  * 13.21 against 13.41 without). With `near`, short profiles only, once
- * more on a copy of the winner with trades whose drops may leave a little
- * of the kept bytes uncovered (cap__trade_replays_near), the simulator
- * judging, and the faster plan wins. */
+ * more on a copy of the winner with trades the estimate would not take
+ * (cap__trade_replays_near), the simulator judging, and the faster plan
+ * wins. */
 static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
                           const cap_plan_config_t *cfg, uint32_t tries,
                           bool near) {
@@ -1084,8 +1084,10 @@ static int last_moves(cap_plan_t **planp, const cap_profile_t *p,
    * to exchange, to start earlier and to trade differs. A second round of
    * those, on short profiles (bench_bound: 18 of 84 plans faster, none
    * slower, for 20-28 % more planning time; two more rounds: 5 more,
-   * 0.01-2 % faster, for 10 % more). trade_and_room may have replaced the
-   * plan: *planp, not plan, from here. */
+   * 0.01-2 % faster, for 10 % more), its trade with the near trade too
+   * (in the first round as well, it leads one plan down a slower path).
+   * trade_and_room may have replaced the plan: *planp, not plan, from
+   * here. */
   if (!rc && p->n_ops < CAP__SMALL_OPS) {
     rc = move_passes(*planp, p, cfg, cap__exchange_many, MANY_TRIES,
                      MANY_PASSES);

@@ -368,10 +368,11 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
  * peak. */
 int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries);
-/* The same as cap__trade_replays, the drops allowed to leave up to 1/16 of
- * the kept bytes uncovered by the estimate (each op's bytes from the
- * simulator's residencies; queues that move with the plan, it cannot
- * see): the simulator judges. */
+/* The same as cap__trade_replays, the drops allowed to leave up to a
+ * quarter of the kept bytes uncovered by the estimate (each op's bytes
+ * from the simulator's residencies; queues that move with the plan, it
+ * cannot see), each taking along the swaps of its op's other outputs
+ * (replayed with it): the simulator judges. */
 int cap__trade_replays_near(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries);
 
