@@ -1011,10 +1011,10 @@ static int trade_then_room(cap_plan_t *plan, const cap_profile_t *p,
  * ops). On short profiles the same again on a copy, the trade also using
  * the room, and the faster plan wins: each way wins on some plans
  * (bert_base at 50 % 2.09 against 1.85 % with the room, resnet50 at 30 %
- * 13.21 against 13.41 without). With `near`, short profiles only, once
- * more on a copy of the winner with trades the estimate would not take
- * (cap__trade_replays_near), the simulator judging, and the faster plan
- * wins. */
+ * 13.21 against 13.41 without). With `near`, short profiles only, the
+ * trades keep pairs of replays too, and once more on a copy of the winner
+ * the near trade (cap__trade_replays_near) makes trades the estimate would
+ * not, the simulator judging; the faster plan wins. */
 static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
                           const cap_plan_config_t *cfg, uint32_t tries,
                           bool near) {
@@ -1025,9 +1025,13 @@ static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
   cap_plan_t *alt = cap_plan_clone(*best);
   if (!alt)
     return CAP_ENOMEM;
-  int rc = trade_then_room(*best, p, cfg, cap__trade_replays, tries);
+  int rc = trade_then_room(*best, p, cfg,
+                           near ? cap__trade_replays_pairs : cap__trade_replays,
+                           tries);
   if (!rc)
-    rc = trade_then_room(alt, p, cfg, cap__trade_replays_room, tries);
+    rc = trade_then_room(
+        alt, p, cfg,
+        near ? cap__trade_replays_room_pairs : cap__trade_replays_room, tries);
   if (!rc) {
     keep_better(best, alt, cfg->budget_bytes);
     alt = NULL;
@@ -1084,8 +1088,9 @@ static int last_moves(cap_plan_t **planp, const cap_profile_t *p,
    * to exchange, to start earlier and to trade differs. A second round of
    * those, on short profiles (bench_bound: 18 of 84 plans faster, none
    * slower, for 20-28 % more planning time; two more rounds: 5 more,
-   * 0.01-2 % faster, for 10 % more), its trade with the near trade too
-   * (in the first round as well, it leads one plan down a slower path).
+   * 0.01-2 % faster, for 10 % more), its trade with pairs and the near
+   * trade (bench_bound: 9 more plans faster, none slower; in the first
+   * round as well, some slower).
    * trade_and_room may have replaced the plan: *planp, not plan, from
    * here. */
   if (!rc && p->n_ops < CAP__SMALL_OPS) {

@@ -359,8 +359,7 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
  * its list rebuilt): the tensor stays, and gaps the plan leaves on the
  * device across the ops it would take over the plan's peak, cheapest to
  * replay per byte, are dropped instead, their replays costing less than
- * the saving; then, on short profiles, pairs of those replays kept
- * together the same way. Keeps each change that the simulator finds faster, no
+ * the saving. Keeps each change that the simulator finds faster, no
  * higher at its peak, and valid (trade.c). Returns 0 or an error. */
 int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
@@ -368,7 +367,14 @@ int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
  * peak. */
 int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries);
-/* The same as cap__trade_replays, the drops allowed to leave up to a
+/* The same two, each followed, on short profiles, by pairs of the
+ * costliest replays kept on the device together the same way. */
+int cap__trade_replays_pairs(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_plan_config_t *cfg, uint32_t max_tries);
+int cap__trade_replays_room_pairs(cap_plan_t *plan, const cap_profile_t *p,
+                                  const cap_plan_config_t *cfg,
+                                  uint32_t max_tries);
+/* The same as cap__trade_replays_pairs, the drops allowed to leave up to a
  * quarter of the kept bytes uncovered by the estimate (each op's bytes
  * from the simulator's residencies; queues that move with the plan, it
  * cannot see), each taking along the swaps of its op's other outputs

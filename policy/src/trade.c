@@ -21,22 +21,28 @@
  * when they would replay, are dropped instead, while their replays cost
  * less than what Y saves: first gaps that span all those ops until their
  * bytes cover Y's, else gaps that relieve each op by its excess; a few such
- * sets are tried. Then pairs of those replays are kept on the device
- * together, for drops that cost less than both (trade_pairs). A change is
- * kept when the simulator finds it faster, no higher at its peak, and
- * valid.
+ * sets are tried. A change is kept when the simulator finds it faster, no
+ * higher at its peak, and valid.
  *
- * The estimate of each op's bytes cannot see the copy queues move: a drop
- * in place of a swap frees the D2H queue, and later swaps finish sooner.
- * The near trade (cap__trade_replays_near) lets drops leave a quarter of
- * the kept bytes uncovered and the simulator judge, and a drop takes along
- * the swaps of its op's other outputs (ride_along): on inception_v3 at
- * 60 %, max_pool2d's output dropped with its swapped indices, one replay
- * restoring both, frees 83 MiB of the D2H queue, and five later swaps
- * (96 MiB) finish before the memory peak instead of after it: the first
- * convolution's 338 MiB output stays on the device, 3.54 -> 3.19 %. Run on
- * a copy, the near trade makes 9 of bench_bound's 84 plans faster, none
- * slower; run in place of the trade, 11 slower (a 1/16 slack, no ride).
+ * Two more kinds of trade, on short profiles, in the planner's second
+ * round of its last moves (capuchin.c):
+ * - Pairs of the costliest replays kept on the device together, for drops
+ *   that cost less than both (trade_pairs): on inception_v3 at 80 %, one
+ *   concatenation of 86 MiB dropped (67 us) makes room for two of 54 MiB
+ *   (42 us each), which none of them alone pays for.
+ * - The near trade (cap__trade_replays_near), on a copy of the plan, the
+ *   faster plan winning. The estimate of each op's bytes cannot see the
+ *   copy queues move: a drop in place of a swap frees the D2H queue, and
+ *   later swaps finish sooner. Its drops may leave a quarter of the kept
+ *   bytes uncovered, the simulator judging, and each takes along the swaps
+ *   of its op's other outputs (ride_along): on inception_v3 at 60 %,
+ *   max_pool2d's output dropped with its swapped indices, one replay
+ *   restoring both, frees 83 MiB of the D2H queue, and five later swaps
+ *   (96 MiB) finish before the memory peak instead of after it: the first
+ *   convolution's 338 MiB output stays on the device, 3.54 -> 3.19 %.
+ * In every trade, in place, each leads some plans down slower paths
+ * (bench_bound: the slack 11 plans slower, the ride 4; the pairs resnet50
+ * at 40 % 7.8 -> 8.1 %).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +54,17 @@
 #define TRADE_MAX 8u  /* drops traded for one replay */
 #define TRADE_LATE_ROUNDS 8u /* simulations per trade, short profiles */
 #define TRADE_SETS 3u /* sets of drops tried for one replay */
-#define TRADE_PAIRS 8u /* pairs of replays a pass tries, short profiles */
+#define TRADE_PAIR_TRIES 8u /* pairs of replays a pass tries, short profiles   \
+                             */
 /* the near trade's drops may leave 1/TRADE_SLACK_DIV of the bytes uncovered */
 #define TRADE_SLACK_DIV 4u
+
+/* How a trade pass works (trade_to). */
+enum {
+  TRADE_ROOM = 1,  /* changes kept up to the budget, not the plan's peak */
+  TRADE_PAIRS = 2, /* pairs of replays too (trade_pairs) */
+  TRADE_NEAR = 4   /* slack, drops with their siblings' swaps, pairs */
+};
 
 /* Whether two sorted op lists share an op. */
 static bool lists_meet(const uint32_t *a, uint32_t na, const uint32_t *b,
@@ -425,7 +439,7 @@ typedef struct {
   cap_residency_t *res;
   uint32_t n_res;
   const cap__item_t **pick;
-  uint32_t slack_div; /* drops may leave 1/slack_div of ys' bytes (0: none) */
+  unsigned how; /* TRADE_* */
 } trade_ctx_t;
 
 /* The replays ys[0 .. n_y) of plan kept on the device, saving `gain`, for
@@ -472,8 +486,8 @@ static int trade_for(cap_plan_t *plan, const cap_profile_t *p,
    * Short profiles only: on bert_large they cost 15 % of its planning
    * time for 1 % faster plans. */
   int64_t slack = 0;
-  for (uint32_t q = 0; q < n_y && t->slack_div; q++)
-    slack += (int64_t)(p->tensors[ys[q]->tensor].bytes / t->slack_div);
+  for (uint32_t q = 0; q < n_y && (t->how & TRADE_NEAR); q++)
+    slack += (int64_t)(p->tensors[ys[q]->tensor].bytes / TRADE_SLACK_DIV);
   int rc = 0, n_modes = p->n_ops < CAP__SMALL_OPS ? 4 : 2;
   for (int mode = 0; mode < n_modes && !rc && !*kept; mode++) {
     bool span_all = !(mode & 1), any_source = mode >= 2;
@@ -488,7 +502,7 @@ static int trade_for(cap_plan_t *plan, const cap_profile_t *p,
         break;
       int64_t before = plan->predicted_iter_ns, g;
       rc = try_trade(plan, p, cfg, &t->lin, ys, n_y, t->pick, n, limit,
-                     t->slack_div != 0, &g);
+                     (t->how & TRADE_NEAR) != 0, &g);
       *kept = !rc && plan->predicted_iter_ns < before;
     }
   }
@@ -498,18 +512,15 @@ static int trade_for(cap_plan_t *plan, const cap_profile_t *p,
 }
 
 /* Pairs of the ranked replays ys[0 .. ny) kept on the device together, for
- * drops that cost less than both: at most TRADE_PAIRS pairs whose times off
- * the device overlap, by rank. On inception_v3 at 80 %, four concatenations
- * of 54 MiB are replayed (42 us each) where dropping one of 86 MiB
- * (67 us) makes room for two of them: alone, none of them saves enough to
- * pay for it. */
+ * drops that cost less than both: at most TRADE_PAIR_TRIES pairs whose
+ * times off the device overlap, by rank. */
 static int trade_pairs(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, trade_ctx_t *t,
                        const cap__item_t *ys, uint32_t ny, uint64_t limit) {
   int rc = 0;
   uint32_t tried = 0;
-  for (uint32_t i = 0; i < ny && tried < TRADE_PAIRS && !rc; i++)
-    for (uint32_t j = i + 1; j < ny && tried < TRADE_PAIRS && !rc; j++) {
+  for (uint32_t i = 0; i < ny && tried < TRADE_PAIR_TRIES && !rc; i++)
+    for (uint32_t j = i + 1; j < ny && tried < TRADE_PAIR_TRIES && !rc; j++) {
       const cap__item_t *pair[2] = {&ys[i], &ys[j]};
       if (!still_replayed(plan, pair[0]) || !still_replayed(plan, pair[1]))
         continue;
@@ -536,8 +547,8 @@ static int trade_pairs(cap_plan_t *plan, const cap_profile_t *p,
 /* The move with changes kept up to limit at their peak. */
 static int trade_to(cap_plan_t *plan, const cap_profile_t *p,
                     const cap_plan_config_t *cfg, uint32_t max_tries,
-                    uint64_t limit, uint32_t slack_div) {
-  trade_ctx_t t = {.slack_div = slack_div};
+                    uint64_t limit, unsigned how) {
+  trade_ctx_t t = {.how = how};
   uint32_t ny = 0;
   size_t n_ops = (size_t)p->n_ops + 1;
   cap__item_t *ys = malloc(((size_t)plan->n_actions + 1) * sizeof *ys);
@@ -558,7 +569,7 @@ static int trade_to(cap_plan_t *plan, const cap_profile_t *p,
     if (still_replayed(plan, y))
       rc = trade_for(plan, p, cfg, &t, &y, 1, y->ns, limit, &kept);
   }
-  if (!rc && p->n_ops < CAP__SMALL_OPS)
+  if (!rc && (how & (TRADE_PAIRS | TRADE_NEAR)) && p->n_ops < CAP__SMALL_OPS)
     rc = trade_pairs(plan, p, cfg, &t, ys, ny, limit);
   cap__lineage_close(&t.lin);
   free(t.xs);
@@ -571,24 +582,39 @@ static int trade_to(cap_plan_t *plan, const cap_profile_t *p,
   return rc;
 }
 
-int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
-                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+/* A trade pass on a plan that fits (trade_to). */
+static int trade(cap_plan_t *plan, const cap_profile_t *p,
+                 const cap_plan_config_t *cfg, uint32_t max_tries,
+                 unsigned how) {
   if (plan->predicted_peak_bytes > cfg->budget_bytes)
     return 0;
-  return trade_to(plan, p, cfg, max_tries, plan->predicted_peak_bytes, 0);
+  return trade_to(
+      plan, p, cfg, max_tries,
+      how & TRADE_ROOM ? cfg->budget_bytes : plan->predicted_peak_bytes, how);
+}
+
+int cap__trade_replays(cap_plan_t *plan, const cap_profile_t *p,
+                       const cap_plan_config_t *cfg, uint32_t max_tries) {
+  return trade(plan, p, cfg, max_tries, 0);
 }
 
 int cap__trade_replays_room(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries) {
-  if (plan->predicted_peak_bytes > cfg->budget_bytes)
-    return 0;
-  return trade_to(plan, p, cfg, max_tries, cfg->budget_bytes, 0);
+  return trade(plan, p, cfg, max_tries, TRADE_ROOM);
+}
+
+int cap__trade_replays_pairs(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_plan_config_t *cfg, uint32_t max_tries) {
+  return trade(plan, p, cfg, max_tries, TRADE_PAIRS);
+}
+
+int cap__trade_replays_room_pairs(cap_plan_t *plan, const cap_profile_t *p,
+                                  const cap_plan_config_t *cfg,
+                                  uint32_t max_tries) {
+  return trade(plan, p, cfg, max_tries, TRADE_ROOM | TRADE_PAIRS);
 }
 
 int cap__trade_replays_near(cap_plan_t *plan, const cap_profile_t *p,
                             const cap_plan_config_t *cfg, uint32_t max_tries) {
-  if (plan->predicted_peak_bytes > cfg->budget_bytes)
-    return 0;
-  return trade_to(plan, p, cfg, max_tries, plan->predicted_peak_bytes,
-                  TRADE_SLACK_DIV);
+  return trade(plan, p, cfg, max_tries, TRADE_NEAR);
 }
