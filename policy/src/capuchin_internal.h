@@ -354,6 +354,14 @@ int cap__cmp_item(const void *a, const void *b);
 int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 
+/* While plan stalls, its swaps whose replay takes less than their copy out,
+ * least replay time per copy time first (at most max_tries), each replayed
+ * instead: its copies leave the queues, and what waited behind them moves
+ * up. Keeps each change that the simulator finds faster, no higher at its
+ * peak, and valid (exchange_many.c). Returns 0 or an error. */
+int cap__replay_queued_swaps(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_plan_config_t *cfg, uint32_t max_tries);
+
 /* For the costliest replays of plan (at most max_tries), ranked by what
  * keeping their tensor on the device saves (the lists that replay part of
  * its list rebuilt): the tensor stays, and gaps the plan leaves on the

@@ -23,6 +23,17 @@
  * change is simulated, and while it is not kept, every late prefetch starts
  * its lateness earlier and it is simulated again, a few rounds. It is kept
  * when the simulator finds it faster, no higher at its peak, and valid.
+ *
+ * Near the floor a plan waits for its copies: at the memory peak the
+ * swap-outs that free the room, and the prefetches after, queue behind
+ * every copy issued before them (bert_base at 30 % with persistent
+ * tensors evictable: 8.8 ms of stalls in 88 ms). A swap whose replay takes
+ * less than its copy out, replayed instead, takes its copies out of both
+ * queues, and what waited behind them moves up; no exchange above does
+ * that, each giving the swap's bytes to another swap. So while the plan
+ * stalls more than 1 % of its iteration, its swaps least costly to replay
+ * per ns of copy are replayed, one change at a time, kept as above
+ * (cap__replay_queued_swaps): 22.3 -> 14.8 % there.
  */
 #include <stdlib.h>
 
@@ -32,6 +43,7 @@
 
 #define LATE_ROUNDS 8u      /* simulations per exchange, at most */
 #define MANY_MAX 8u         /* actions exchanged for one */
+#define QUEUED_STALL_DIV 100 /* swaps replayed when stalls pass 1 % */
 
 int cap__cmp_item(const void *a, const void *b) {
   const cap__item_t *x = a, *y = b;
@@ -174,5 +186,53 @@ int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
   free(xs);
   free(zs);
   free(pick);
+  return rc;
+}
+
+int cap__replay_queued_swaps(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_plan_config_t *cfg, uint32_t max_tries) {
+  if (plan->predicted_peak_bytes > cfg->budget_bytes)
+    return 0;
+  cap_sim_result_t r;
+  int rc = cap_sim_run(p, plan, &cfg->bw, &r);
+  if (rc)
+    return rc == CAP_EINVAL ? 0 : rc;
+  /* a short wait is the trigger polish's (a prefetch started earlier), a
+   * long one the queues' */
+  bool queued = r.stall_ns * QUEUED_STALL_DIV > r.iter_ns;
+  cap_sim_result_close(&r);
+  if (!queued)
+    return 0;
+  cap__item_t *xs = malloc(((size_t)plan->n_actions + 1) * sizeof *xs);
+  cap__lineage_t lin = {0};
+  uint32_t nx = 0;
+  rc = xs ? 0 : CAP_ENOMEM;
+  /* the swaps whose replay takes less than their copy out, least replay
+   * time per copy time first */
+  for (uint32_t i = 0; i < plan->n_actions && !rc; i++) {
+    const cap_action_t *a = &plan->actions[i];
+    if (a->method != CAP_METHOD_SWAP || cap_action_is_release(a))
+      continue;
+    int64_t ns,
+        copy = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.d2h_gbps);
+    rc = cap__lineage_ns(&lin, p, a, &ns);
+    if (!rc && ns >= 0 && ns < copy && copy > 0)
+      xs[nx++] = (cap__item_t){(double)ns / (double)copy, ns, a->tensor,
+                               a->evict_after_access};
+  }
+  if (!rc && nx)
+    qsort(xs, nx, sizeof *xs, cap__cmp_item);
+  uint64_t limit = plan->predicted_peak_bytes;
+  for (uint32_t i = 0, tries = 0; i < nx && tries < max_tries && !rc; i++) {
+    uint32_t xi = cap__find_action(plan, xs[i].tensor, xs[i].k);
+    if (xi == CAP_NONE || plan->actions[xi].method != CAP_METHOD_SWAP)
+      continue;
+    tries++;
+    const cap__item_t *x = &xs[i];
+    bool kept;
+    rc = try_many(plan, p, cfg, &lin, &x, 1, NULL, 0, limit, &kept);
+  }
+  cap__lineage_close(&lin);
+  free(xs);
   return rc;
 }
