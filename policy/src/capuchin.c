@@ -1099,7 +1099,7 @@ static int last_moves(cap_plan_t **planp, const cap_profile_t *p,
     /* a plan that still waits long for its copies (near the floor):
      * swaps replayed to shorten the queues (exchange_many.c; bench_bound:
      * bert_base at 30 % EP 22.3 -> 14.8 %, 9 plans faster, none slower;
-     * in the first round too, 3 of those slower) */
+     * in the first round too, 3 plans slower) */
     rc = move_passes(*planp, p, cfg, cap__replay_queued_swaps, QUEUED_TRIES,
                      QUEUED_PASSES);
     if (!rc)

@@ -354,7 +354,8 @@ int cap__cmp_item(const void *a, const void *b);
 int cap__exchange_many(cap_plan_t *plan, const cap_profile_t *p,
                        const cap_plan_config_t *cfg, uint32_t max_tries);
 
-/* While plan stalls, its swaps whose replay takes less than their copy out,
+/* While plan stalls more than 1 % of its iteration (a shorter wait is the
+ * trigger polish's), its swaps whose replay takes less than their copy out,
  * least replay time per copy time first (at most max_tries), each replayed
  * instead: its copies leave the queues, and what waited behind them moves
  * up. Keeps each change that the simulator finds faster, no higher at its
