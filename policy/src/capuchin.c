@@ -1002,6 +1002,24 @@ static int trade_then_room(cap_plan_t *plan, const cap_profile_t *p,
   return rc ? rc : cap__plan_use_room(plan, p, cfg, room_tries);
 }
 
+/* trade_then_room on copy (taken over; NULL: out of memory), and the
+ * faster of it and *best in *best. */
+static int trade_copy(cap_plan_t **best, cap_plan_t *copy,
+                      const cap_profile_t *p, const cap_plan_config_t *cfg,
+                      int (*move)(cap_plan_t *, const cap_profile_t *,
+                                  const cap_plan_config_t *, uint32_t),
+                      uint32_t room_tries) {
+  if (!copy)
+    return CAP_ENOMEM;
+  int rc = trade_then_room(copy, p, cfg, move, room_tries);
+  if (rc) {
+    cap_plan_destroy(copy);
+    return rc;
+  }
+  keep_better(best, copy, cfg->budget_bytes);
+  return 0;
+}
+
 /* The last moves: costly replays traded for cheap drops of what stays on
  * the device (trade.c), the same way as the exchange; on long profiles
  * too, with fewer tries (cheap where it finds nothing: bert_large at 50 %
@@ -1030,24 +1048,16 @@ static int trade_and_room(cap_plan_t **best, const cap_profile_t *p,
   int rc = trade_then_room(*best, p, cfg,
                            near ? cap__trade_replays_pairs : cap__trade_replays,
                            tries);
-  if (!rc)
-    rc = trade_then_room(
-        alt, p, cfg,
-        near ? cap__trade_replays_room_pairs : cap__trade_replays_room, tries);
-  if (!rc) {
-    keep_better(best, alt, cfg->budget_bytes);
-    alt = NULL;
+  if (rc) {
+    cap_plan_destroy(alt);
+    return rc;
   }
-  if (!rc && near) {
-    alt = cap_plan_clone(*best);
-    rc = alt ? trade_then_room(alt, p, cfg, cap__trade_replays_near, tries)
-             : CAP_ENOMEM;
-    if (!rc) {
-      keep_better(best, alt, cfg->budget_bytes);
-      alt = NULL;
-    }
-  }
-  cap_plan_destroy(alt);
+  rc = trade_copy(
+      best, alt, p, cfg,
+      near ? cap__trade_replays_room_pairs : cap__trade_replays_room, tries);
+  if (!rc && near)
+    rc = trade_copy(best, cap_plan_clone(*best), p, cfg,
+                    cap__trade_replays_near, tries);
   return rc;
 }
 

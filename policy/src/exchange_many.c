@@ -216,7 +216,7 @@ int cap__replay_queued_swaps(cap_plan_t *plan, const cap_profile_t *p,
     int64_t ns,
         copy = cap_copy_ns(p->tensors[a->tensor].bytes, cfg->bw.d2h_gbps);
     rc = cap__lineage_ns(&lin, p, a, &ns);
-    if (!rc && ns >= 0 && ns < copy && copy > 0)
+    if (!rc && ns >= 0 && ns < copy)
       xs[nx++] = (cap__item_t){(double)ns / (double)copy, ns, a->tensor,
                                a->evict_after_access};
   }

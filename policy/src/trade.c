@@ -54,6 +54,7 @@
 #define TRADE_MAX 8u  /* drops traded for one replay */
 #define TRADE_LATE_ROUNDS 8u /* simulations per trade, short profiles */
 #define TRADE_SETS 3u /* sets of drops tried for one replay */
+#define TRADE_KEPT_MAX 2u   /* replays one trade keeps: one, or a pair */
 #define TRADE_PAIR_TRIES 8u /* pairs of replays a pass tries, short profiles   \
                              */
 /* the near trade's drops may leave 1/TRADE_SLACK_DIV of the bytes uncovered */
@@ -190,10 +191,10 @@ static int ride_along(cap_plan_t *next, const cap_profile_t *p,
   return rc;
 }
 
-/* The replays ys[0 .. n_y) of plan kept on the device, the gaps
- * xs[0 .. nx) dropped, in a copy; kept (plan holds it) when the simulator
- * accepts it. *gain: how much faster the copy ran (0 when it cannot run as
- * written). */
+/* The replays ys[0 .. n_y) of plan kept on the device (n_y at most
+ * TRADE_KEPT_MAX), the gaps xs[0 .. nx) dropped, in a copy; kept (plan holds
+ * it) when the simulator accepts it. *gain: how much faster the copy ran (0
+ * when it cannot run as written). */
 static int try_trade(cap_plan_t *plan, const cap_profile_t *p,
                      const cap_plan_config_t *cfg, cap__lineage_t *lin,
                      const cap__item_t *const *ys, uint32_t n_y,
@@ -215,7 +216,7 @@ static int try_trade(cap_plan_t *plan, const cap_profile_t *p,
       next->actions[w++] = *a;
   }
   next->n_actions = w;
-  const cap_action_t *y[2]; /* the kept replays, in plan */
+  const cap_action_t *y[TRADE_KEPT_MAX]; /* the kept replays, in plan */
   for (uint32_t q = 0; q < n_y; q++)
     y[q] = &plan->actions[cap__find_action(plan, ys[q]->tensor, ys[q]->k)];
   int rc = 0;
@@ -452,7 +453,7 @@ static int trade_for(cap_plan_t *plan, const cap_profile_t *p,
   *kept = false;
   /* the ops, while the tensors are off the device (another list may bring
    * one back before its own), that their bytes would take over the limit */
-  uint32_t ya[2], yb[2], lo = CAP_NONE, hi = 0;
+  uint32_t ya[TRADE_KEPT_MAX], yb[TRADE_KEPT_MAX], lo = CAP_NONE, hi = 0;
   for (uint32_t q = 0; q < n_y; q++) {
     ya[q] = cap_profile_access_op(p, ys[q]->tensor, ys[q]->k);
     yb[q] =
@@ -521,7 +522,7 @@ static int trade_pairs(cap_plan_t *plan, const cap_profile_t *p,
   uint32_t tried = 0;
   for (uint32_t i = 0; i < ny && tried < TRADE_PAIR_TRIES && !rc; i++)
     for (uint32_t j = i + 1; j < ny && tried < TRADE_PAIR_TRIES && !rc; j++) {
-      const cap__item_t *pair[2] = {&ys[i], &ys[j]};
+      const cap__item_t *pair[TRADE_KEPT_MAX] = {&ys[i], &ys[j]};
       if (!still_replayed(plan, pair[0]) || !still_replayed(plan, pair[1]))
         continue;
       uint32_t a0 = cap_profile_access_op(p, ys[i].tensor, ys[i].k),
