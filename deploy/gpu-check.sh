@@ -363,17 +363,13 @@ EOF
 fi
 
 # --- 5. Training under the adapter against save_on_cpu and checkpoint ----
-# import capuchin from the build tree (the folder holding capuchin/__init__.py
-# there), else from the source tree; CAPUCHIN_PYTHONPATH overrides both.
-find_pkg() { # folder to search
-  find "$1" \( -path "$build/gpu-deps" -o -path "$src/build*" -o -path "$src/.git" \) -prune -o \
-    -path '*/capuchin/__init__.py' -print 2>/dev/null | head -n 1
-}
+# import capuchin from the build tree: python/CMakeLists.txt puts the package
+# and its C extension (capuchin._client) in BUILD/python/capuchin. The source
+# tree's python/ lacks the extension, so it is no fallback.
+# CAPUCHIN_PYTHONPATH overrides this.
 pypath=${CAPUCHIN_PYTHONPATH:-}
-if [ -z "$pypath" ]; then
-  pkg=$(find_pkg "$build")
-  [ -n "$pkg" ] || pkg=$(find_pkg "$src")
-  [ -n "$pkg" ] && pypath=$(dirname "$(dirname "$pkg")")
+if [ -z "$pypath" ] && [ -f "$build/python/capuchin/__init__.py" ]; then
+  pypath=$build/python
 fi
 echo "gpu-check: capuchin package from ${pypath:-nowhere (not built: see $out/cmake.log)}"
 # The adapter's C extension needs Python's headers at build time.
