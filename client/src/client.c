@@ -322,8 +322,8 @@ int cap_client_free(cap_client_t *c, uint32_t id) {
   if (c->in_iter && !c->log_failed && cap__oplog_free(&c->log_cur, id) < 0)
     c->log_failed = true; /* no lineage from this iteration */
   if (c->recording && c->in_iter) {
-    int64_t t = cap__now_ns(c->dev) - c->iter_start_ns - c->it.stall_ns;
-    if (!cap__rec_free(c, id, t < 0 ? 0 : t))
+    int64_t t = cap__rec_time_ns(c, cap__now_ns(c->dev));
+    if (!cap__rec_free(c, id, t > c->rec_end_ns ? t : c->rec_end_ns))
       c->it.dropped_records++;
   }
   return 0;
@@ -401,7 +401,9 @@ int cap_client_iteration_begin(cap_client_t *c) {
   c->log_failed = false;
   c->iter_op_errors = 0;
   c->iter_ops_over_budget = 0;
-  c->unrun_t_ns = 0;
+  c->rec_start_ns = 0;
+  c->rec_end_ns = 0;
+  c->host_wait_ns = 0;
   for (uint32_t i = 0; i < c->n_tensors; i++) {
     c->tensors[i].n_access = 0;
   }
@@ -557,6 +559,24 @@ int cap_client_iteration_end(cap_client_t *c, cap_iter_stats_t *st) {
   return 0;
 }
 
+int64_t cap__rec_time_ns(const cap_client_t *c, int64_t t) {
+  t -= c->iter_start_ns + c->host_wait_ns;
+  return t < 0 ? 0 : t;
+}
+
+/* Every wait is a stall of the iteration. Only one on the host is also left
+ * out of the recorded timeline: where ops run on a device (cuda), an op that
+ * waits for a copy there holds no host time, and taking its estimated wait
+ * out of the host's clock would move later ops before earlier ones. */
+void cap__note_wait(cap_client_t *c, int64_t w, bool host) {
+  if (w <= 0)
+    return;
+  c->it.stall_ns += w;
+  atomic_fetch_add(&c->ctr.stall_ns, w);
+  if (host)
+    c->host_wait_ns += w;
+}
+
 /* A measured op that does not fit the budget is still recorded, with no
  * duration: the measurement then has the job's whole op sequence and tensor
  * sizes, from which the daemon can tell that the budget is too small and
@@ -567,10 +587,12 @@ static void record_over_budget(cap_client_t *c, const char *name,
                                const uint32_t *out, uint32_t n_out) {
   if (c->n_tensors)
     cap__decl_upto(c, c->n_tensors - 1);
-  int64_t t = cap__now_ns(c->dev) - (c->iter_start_ns + c->it.stall_ns);
-  if (t < c->unrun_t_ns) /* never before the previous such op */
-    t = c->unrun_t_ns;
-  c->unrun_t_ns = t;
+  int64_t t = cap__rec_time_ns(c, cap__now_ns(c->dev));
+  if (t < c->rec_start_ns) /* never before the previous op */
+    t = c->rec_start_ns;
+  c->rec_start_ns = t;
+  if (t > c->rec_end_ns)
+    c->rec_end_ns = t;
   if (!cap__rec_op(c, c->op_seq, t, t, name, in, n_in, out, n_out)) {
     c->it.dropped_records++;
     return;

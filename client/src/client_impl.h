@@ -219,6 +219,12 @@ int64_t cap__now_ns(cap__dev_t *d);
 /* true when compute-stream waits are host waits (sim): stalls measured
  * directly rather than estimated. */
 bool cap__dev_host_compute(cap__dev_t *d);
+/* Time t of the backend's clock on this iteration's recorded timeline (0 at
+ * its start): the framework's own time, without the client's waits. */
+int64_t cap__rec_time_ns(const cap_client_t *c, int64_t t);
+/* A wait of w ns: stall counters; host: the training thread waited (and the
+ * recorded timeline leaves the wait out), else only the device did. */
+void cap__note_wait(cap_client_t *c, int64_t w, bool host);
 int cap__dev_compute(cap__dev_t *d, int64_t ns);
 int cap__dev_fill(cap__dev_t *d, void *dev, uint64_t bytes, uint64_t seed);
 int64_t cap__dev_check(cap__dev_t *d, const void *dev, uint64_t bytes,
@@ -419,6 +425,8 @@ struct cap_client {
   uint32_t iteration;          /* current (1-based) */
   cap_mode_t mode;
   int64_t iter_start_ns;
+  int64_t host_wait_ns;        /* this iteration's waits on the host, taken
+                                  out of its recorded timeline (client.c) */
   uint32_t op_seq;             /* ops begun this iteration */
   int64_t op_start_ns;
   const char *op_name;
@@ -440,7 +448,10 @@ struct cap_client {
   uint32_t iter_op_errors;     /* op begins that failed this iteration */
   uint32_t iter_ops_over_budget; /* of them: measured ops recorded although
                                     they did not fit the budget (client.c) */
-  int64_t unrun_t_ns;          /* time recorded for the last of them */
+  int64_t rec_start_ns;          /* recorded start of the last op recorded
+                                    this iteration (ops go out in start order) */
+  int64_t rec_end_ns;            /* latest end of an op recorded this
+                                    iteration (no free is recorded before it) */
   uint32_t sig_ops;            /* op count the signature was computed for */
   _Atomic uint64_t signature;  /* model signature of the last complete
                                   iteration (Hello, profile reuse), 0 none */

@@ -23,9 +23,7 @@ int cap__swap_out(cap_client_t *c, uint32_t id, uint32_t action, bool sync) {
   if (sync) {
     int64_t t0 = cap__now_ns(c->dev);
     rc = cap__ev_sync(c->dev, ev);
-    int64_t w = cap__now_ns(c->dev) - t0;
-    c->it.stall_ns += w;
-    atomic_fetch_add(&c->ctr.stall_ns, w);
+    cap__note_wait(c, cap__now_ns(c->dev) - t0, true);
     cap__ev_release(c->dev, ev);
     if (rc < 0)
       goto out_free_host;

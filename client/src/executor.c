@@ -228,12 +228,15 @@ int cap__op_end(cap_client_t *c) {
       cap__decl_upto(c, c->n_tensors - 1);
     /* The profile is the framework's timeline: time the client itself
      * stalled (passive swapping) is taken out. */
-    int64_t base = c->iter_start_ns + c->it.stall_ns;
-    int64_t s = c->op_start_ns - base, e = t1 - base;
-    if (s < 0)
-      s = 0;
+    int64_t s = cap__rec_time_ns(c, c->op_start_ns),
+            e = cap__rec_time_ns(c, t1);
+    if (s < c->rec_start_ns) /* a wait inside the op: keep start order */
+      s = c->rec_start_ns;
     if (e < s)
       e = s;
+    c->rec_start_ns = s;
+    if (e > c->rec_end_ns)
+      c->rec_end_ns = e;
     if (!cap__rec_op(c, c->op_seq, s, e, c->op_name, c->op_in, c->op_n_in,
                      c->op_out, c->op_n_out))
       c->it.dropped_records++;

@@ -28,11 +28,19 @@ int cap__swap_in_to(cap_client_t *c, uint32_t id, void *dev) {
   }
   t->dev = dev;
   t->ev = ev;
+  t->in_start_ns = cap__now_ns(c->dev);
+  /* Copies to the device run one at a time in issue order: this one starts
+   * when the one before it ends, by the same estimate. */
+  int64_t start = t->in_start_ns;
+  if (c->h2d_last < c->n_tensors) {
+    const cap__tensor_t *prev = &c->tensors[c->h2d_last];
+    if (prev->state == CAP__T_IN && prev->in_est_end_ns > start)
+      start = prev->in_est_end_ns;
+  }
   t->state = CAP__T_IN;
   c->h2d_last = id;
-  t->in_start_ns = cap__now_ns(c->dev);
   double gbps = c->h2d_gbps > 0 ? c->h2d_gbps : 1.0;
-  t->in_est_end_ns = t->in_start_ns + (int64_t)((double)t->bytes / gbps);
+  t->in_est_end_ns = start + (int64_t)((double)t->bytes / gbps);
   c->it.bytes_in += t->bytes;
   atomic_fetch_add(&c->ctr.bytes_in, t->bytes);
   return 0;
@@ -64,13 +72,12 @@ void cap__prefetch_persistent(cap_client_t *c) {
   }
 }
 
-static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {
+static void note_stall(cap_client_t *c, uint32_t id, int64_t stall, bool host) {
   if (stall <= 0)
     return;
   c->it.stalls++;
-  c->it.stall_ns += stall;
   atomic_fetch_add(&c->ctr.stalls, 1);
-  atomic_fetch_add(&c->ctr.stall_ns, stall);
+  cap__note_wait(c, stall, host);
   cap__tensor_t *t = &c->tensors[id];
   if (c->mode != CAP_MODE_GUIDED || t->out_action == CAP_NONE)
     return;
@@ -86,17 +93,24 @@ static void note_stall(cap_client_t *c, uint32_t id, int64_t stall) {
 }
 
 /* The compute stream waits for a swap-in; the host buffer goes once the copy
- * is done. A failed copy is retried once synchronously (the host copy is
- * still good). */
+ * is done. Where ops run on a device (cuda), the host does not wait: the
+ * stall is the copy's estimated lateness, the device's alone. In a measured
+ * iteration the host waits instead, so that the wait is timed and left out
+ * of the recorded op times rather than inflating a later op's. A failed copy
+ * is retried once synchronously (the host copy is still good). */
 static int swap_in_finish(cap_client_t *c, uint32_t id) {
   cap__tensor_t *t = &c->tensors[id];
   int64_t stall = 0;
+  /* sim: the compute stream's waits block the host already */
+  bool sync = c->recording && !cap__dev_host_compute(c->dev);
+  bool host = sync || cap__dev_host_compute(c->dev);
   int st = cap__ev_query(c->dev, t->ev);
   if (st == 0) {
     int64_t t0 = cap__now_ns(c->dev);
-    st = cap__ev_compute_wait(c->dev, t->ev);
+    st = sync ? cap__ev_sync(c->dev, t->ev)
+              : cap__ev_compute_wait(c->dev, t->ev);
     int64_t now = cap__now_ns(c->dev);
-    stall = cap__dev_host_compute(c->dev) ? now - t0 : t->in_est_end_ns - now;
+    stall = host ? now - t0 : t->in_est_end_ns - now;
   }
   if (st < 0) {
     cap__ev_release(c->dev, t->ev);
@@ -127,7 +141,7 @@ static int swap_in_finish(cap_client_t *c, uint32_t id) {
   t->ev = NULL;
   t->host = NULL;
   t->state = CAP__T_DEVICE;
-  note_stall(c, id, stall);
+  note_stall(c, id, stall, host);
   return 0;
 }
 
@@ -196,7 +210,7 @@ static int bring_back(cap_client_t *c, uint32_t id, bool is_output) {
       int64_t t0 = cap__now_ns(c->dev);
       int st = cap__ev_sync(c->dev, r->ev);
       (void)st;
-      note_stall(c, id, cap__now_ns(c->dev) - t0);
+      note_stall(c, id, cap__now_ns(c->dev) - t0, true);
       r->tensor = CAP_NONE;
       r->dev = NULL;
       r->host = t->host;

@@ -99,10 +99,8 @@ static void wait_and_finish(cap_client_t *c, uint32_t i) {
   cap__retire_t *r = &c->retire[i];
   int64_t t0 = cap__now_ns(c->dev);
   int st = cap__ev_sync(c->dev, r->ev);
-  int64_t w = cap__now_ns(c->dev) - t0;
-  c->it.stall_ns += w;
+  cap__note_wait(c, cap__now_ns(c->dev) - t0, true);
   c->it.budget_waits++;
-  atomic_fetch_add(&c->ctr.stall_ns, w);
   cap__retire_finish(c, r, st < 0 ? st : 1);
   memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
   c->n_retire--;
