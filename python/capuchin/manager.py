@@ -135,7 +135,12 @@ if TorchDispatchMode is not None:
 
         def __init__(self, handler):
             super().__init__()
-            self.__torch_dispatch__ = handler
+            self._handler = handler
+
+        # A plain method: PyTorch 2 refuses a mode whose __torch_dispatch__
+        # is not one (an instance attribute, as this once was, included).
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self._handler(func, types, args, kwargs)
 
 
 class Manager:

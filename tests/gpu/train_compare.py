@@ -27,7 +27,7 @@ For each model and budget:
 
 Throughput is samples per second over the timed iterations (median
 iteration time; warm-up iterations, which include the adapter's measured
-first iteration, are not timed). Peak memory is the most that
+first iteration and the wait for its plan, are not timed). Peak memory is the most that
 torch.cuda.max_memory_allocated() reported in a timed iteration. On the CPU
 (--device cpu, for checking the script where there is no GPU) the peak is
 the persistent bytes plus the largest running sum of the allocations the
@@ -284,7 +284,12 @@ def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=N
     mgr = None
     if method == "capuchin":
         import capuchin  # checked by the caller
-        mgr = capuchin.Manager(budget=mgr_budget, job=f"train-compare-{spec.name}-{mgr_budget.rstrip('%')}")
+        # plan_wait_s: the step after the measured one waits for the plan, so
+        # that the timed iterations run under it, as all but the first
+        # seconds of a long job would (planning takes about a second on the
+        # GPU machine's CPU: a short run would otherwise end before it).
+        mgr = capuchin.Manager(budget=mgr_budget, plan_wait_s=60,
+                               job=f"train-compare-{spec.name}-{mgr_budget.rstrip('%')}")
 
     def one_step():
         loss = spec.loss(model, batch)
