@@ -9,7 +9,7 @@
 
 #include "client_impl.h"
 
-const char *cap_mode_name(cap_mode_t m) {
+const char *cap_client_mode_name(cap_mode_t m) {
   switch (m) {
   case CAP_MODE_MEASURED:
     return "measured";
@@ -20,7 +20,6 @@ const char *cap_mode_name(cap_mode_t m) {
   }
   return "?";
 }
-
 
 const char *cap_client_last_error(cap_client_t *c) { return c ? c->err : ""; }
 

@@ -189,18 +189,19 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
   if (json) {
     printf("%s\n  {\"iteration\":%u,\"mode\":\"%s\",\"time_ns\":%" PRId64
            ",\"peak_bytes\":%" PRIu64 ",\"bytes_out\":%" PRIu64
-           ",\"bytes_in\":%" PRIu64 ",\"recomputed_ops\":%u,\"stall_ns\":%" PRId64
+           ",\"bytes_in\":%" PRIu64
+           ",\"recomputed_ops\":%u,\"stall_ns\":%" PRId64
            ",\"plan_version\":%u,\"mismatches\":%" PRId64 ",\"errors\":%" PRId64
            ",\"evictions\":%u,\"fallbacks\":%u,\"dropped_records\":%" PRIu64
            ",\"predicted_ns\":%" PRId64 ",\"budget_bytes\":%" PRIu64
            ",\"lru_evictions\":%u,\"budget_waits\":%u"
            ",\"placed_allocs\":%u,\"placement_misses\":%u",
-           first ? "[" : ",", s->iteration, cap_mode_name(s->mode), s->time_ns,
-           s->peak_bytes, s->bytes_out, s->bytes_in, s->recomputed_ops,
-           s->stall_ns, s->plan_version, w->mismatches, w->errors, s->evictions,
-           s->fallbacks, s->dropped_records, w->predicted_ns, w->budget_bytes,
-           s->lru_evictions, s->budget_waits, s->placed_allocs,
-           s->placement_misses);
+           first ? "[" : ",", s->iteration, cap_client_mode_name(s->mode),
+           s->time_ns, s->peak_bytes, s->bytes_out, s->bytes_in,
+           s->recomputed_ops, s->stall_ns, s->plan_version, w->mismatches,
+           w->errors, s->evictions, s->fallbacks, s->dropped_records,
+           w->predicted_ns, w->budget_bytes, s->lru_evictions, s->budget_waits,
+           s->placed_allocs, s->placement_misses);
     if (w->first_error[0]) {
       printf(",\"first_error\":\"");
       json_str(w->first_error);
@@ -219,7 +220,7 @@ static void print_row(const row_t *w, bool json, bool first, double scale) {
              "stall_ms", "plan", "mismatches", "pred_ms");
     printf("%4u %-8s %10.2f %10.1f %10.1f %10.1f %6u %9.2f %4u %10" PRId64
            " %10.2f%s\n",
-           s->iteration, cap_mode_name(s->mode), s->time_ns / 1e6,
+           s->iteration, cap_client_mode_name(s->mode), s->time_ns / 1e6,
            s->peak_bytes / 1048576.0, s->bytes_out / 1048576.0,
            s->bytes_in / 1048576.0, s->recomputed_ops, s->stall_ns / 1e6,
            s->plan_version, w->mismatches, w->predicted_ns / 1e6,

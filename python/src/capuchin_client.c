@@ -390,7 +390,7 @@ static PyObject *Client_begin(ClientObject *self, PyObject *unused) {
   if (rc < 0)
     return cap_py_raise_rc(self, rc);
   cap_py_op_path_begin(self, cap_client_mode(self->c));
-  return PyUnicode_FromString(cap_mode_name(cap_client_mode(self->c)));
+  return PyUnicode_FromString(cap_client_mode_name(cap_client_mode(self->c)));
 }
 
 static PyObject *Client_diverged(ClientObject *self, PyObject *unused) {
@@ -418,7 +418,7 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
   return Py_BuildValue(
       "{s:I,s:s,s:L,s:K,s:K,s:K,s:I,s:I,s:I,s:L,s:I,s:I,s:I,s:s,s:I,s:s,s:I,"
       "s:I}",
-      "iteration", s.iteration, "mode", cap_mode_name(s.mode), "time_ns",
+      "iteration", s.iteration, "mode", cap_client_mode_name(s.mode), "time_ns",
       (long long)s.time_ns, "peak_bytes", (unsigned long long)s.peak_bytes,
       "bytes_out", (unsigned long long)s.bytes_out, "bytes_in",
       (unsigned long long)s.bytes_in, "evictions", s.evictions,
@@ -426,8 +426,7 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
       (long long)s.stall_ns, "plan_version", s.plan_version, "fallbacks",
       s.fallbacks, "op_errors", s.op_errors, "first_error", s.first_error,
       "refused_actions", s.refused_actions, "plan_note", s.plan_note,
-      "placed_allocs", s.placed_allocs, "placement_misses",
-      s.placement_misses);
+      "placed_allocs", s.placed_allocs, "placement_misses", s.placement_misses);
 }
 
 static PyObject *Client_stats(ClientObject *self, PyObject *unused) {

@@ -215,7 +215,7 @@ int main(int argc, char **argv) {
       continue;
     }
     printf("%-10s %-9s %10.1f %10.1f %10.1f %10" PRIu64 "\n", modes[i],
-           cap_mode_name(r.mode), r.median, r.p99, r.mean, r.dropped);
+           cap_client_mode_name(r.mode), r.median, r.p99, r.mean, r.dropped);
   }
   return status;
 }

@@ -46,6 +46,22 @@ if [ -n "$bad" ]; then
   printf '  %s\n' $bad
   fail=1
 fi
+# libcap exports names with the same cap_ prefix, and a training process
+# often has it loaded globally (PyTorch: libtorch_global_deps -> libmpi ->
+# hwloc -> libudev -> libcap): a name both define binds the adapter's calls
+# to libcap's. Checked against the system's libcap where there is one.
+libcap=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null) | awk '/libcap\.so\.2 / && !found { print $NF; found = 1 }')
+if [ -n "$libcap" ] && [ -e "$libcap" ]; then
+  nm -D --defined-only "$libcap" | awk '{ print $NF }' | sed 's/@.*//' | sort -u >"$tmp/libcap"
+  clash=$(comm -12 "$tmp/exported" "$tmp/libcap")
+  if [ -n "$clash" ]; then
+    echo "FAIL: exported names that libcap ($libcap) defines too:"
+    printf '  %s\n' $clash
+    fail=1
+  fi
+else
+  echo "note: no libcap.so.2 found: the clash check against it did not run"
+fi
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 if [ "$soname" != libcapuchin-client.so.0 ]; then
   echo "FAIL: SONAME '$soname', want libcapuchin-client.so.0"

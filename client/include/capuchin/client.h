@@ -59,8 +59,10 @@ typedef enum {
                             or a measurement already reported): LRU only */
 } cap_mode_t;
 
-/* Name of a mode ("measured", "guided", "passive"). */
-CAP_EXTERN const char *cap_mode_name(cap_mode_t m);
+/* Name of a mode ("measured", "guided", "passive"). Not cap_mode_name:
+ * libcap exports that name, and a process that loads libcap globally (as
+ * PyTorch does, through libudev) would bind callers to libcap's. */
+CAP_EXTERN const char *cap_client_mode_name(cap_mode_t m);
 
 typedef struct cap_client_config {
   /* Daemon socket. NULL: $CAPUCHIN_SOCKET, else the daemon's default,

@@ -45,7 +45,7 @@ static void test_bad_configs(void) {
   CHECK_EQ(cap_client_create(&cfg, &c), CAP_EINVAL);
   CHECK_EQ(cap_client_create(&cfg, NULL), CAP_EINVAL);
   CHECK(c == NULL);
-  CHECK_STR(cap_mode_name(CAP_MODE_GUIDED), "guided");
+  CHECK_STR(cap_client_mode_name(CAP_MODE_GUIDED), "guided");
 }
 
 static void test_no_daemon_anywhere(void) {
