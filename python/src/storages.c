@@ -273,8 +273,11 @@ static uint64_t call_u64(PyObject *t, PyObject *name, int *ok) {
  * on a record and noted data_ptr (any, for dp == 0), or NULL. Runs no
  * Python code. */
 static storage_ref_t *ref_on(PyObject *t, uint64_t dp) {
+  /* Negative from Python 3.12 on, for a class whose weak references the
+   * interpreter manages (torch.Tensor): the list is then in front of the
+   * object, at the same sum (CPython's _PyObject_GET_WEAKREFS_LISTPTR). */
   Py_ssize_t off = Py_TYPE(t)->tp_weaklistoffset;
-  if (off <= 0)
+  if (off == 0)
     return NULL;
   PyWeakReference *w = *(PyWeakReference **)((char *)t + off);
   for (; w; w = w->wr_next) {
@@ -311,7 +314,7 @@ static int storage_nbytes(PyObject *t, uint64_t *nbytes) {
 }
 
 long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
-  if (Py_TYPE(t)->tp_weaklistoffset <= 0) /* no list to cache in */
+  if (Py_TYPE(t)->tp_weaklistoffset == 0) /* no list to cache in */
     return CAP_PY_ST_PYTHON;
   int ok = 1;
   uint64_t dp = call_u64(t, s_data_ptr, &ok);
