@@ -485,11 +485,17 @@ static PyObject *Client_take_storage(ClientObject *self, PyObject *arg) {
     return PyErr_NoMemory();
   uint32_t n = 0;
   for (storage_ref_t *r = s->refs; r; r = r->next) {
+#if PY_VERSION_HEX >= 0x030D0000 /* 3.13 deprecates PyWeakref_GET_OBJECT */
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef((PyObject *)r, &o) == 1)
+      objs[n++] = o; /* a strong reference already */
+#else
     PyObject *o = PyWeakref_GET_OBJECT((PyObject *)r);
     if (o != Py_None) {
       Py_INCREF(o);
       objs[n++] = o;
     }
+#endif
   }
   if (n == 0) { /* its end is due: its callbacks report it */
     free(objs);
