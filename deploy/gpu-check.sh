@@ -5,12 +5,15 @@
 #   3. replay resnet50 at 50 % on the cuda backend through a real capuchind
 #      and compare each guided iteration's measured time with the plan's
 #      predicted time (the daemon's simulation of that plan), and with
-#      capuchin-sim run on the trace at the bandwidths the client measured;
+#      capuchin-sim run on the trace at the bandwidths the client measured,
+#      and where a guided iteration's host time went against the measured
+#      one's, per op (capuchin-replay --op-times: op begin, body, op end);
 #   4. train torchvision ResNet-50 (batch 128) and Hugging Face GPT-2 small
 #      under the PyTorch adapter at 100/50/30 % against
 #      torch.autograd.graph.save_on_cpu and torch.utils.checkpoint at the same
 #      memory (tests/gpu/train_compare.py), printing throughput and peak
-#      memory (torch.cuda.max_memory_allocated);
+#      memory (torch.cuda.max_memory_allocated); CAPUCHIN_DEBUG=1 prints
+#      each op that leaves a plan's op sequence, against the plan's;
 #   5. train an MLP under Manager(placement=True) at 100/50 %, the plan's
 #      blocks at their planned addresses through capuchin's CUDA allocator
 #      (tests/gpu/placement_check.py): bitwise the unmanaged run's losses and
@@ -289,6 +292,7 @@ fi
 set +e
 "$bin/capuchin-replay" --trace "$trace" --budget 50% --iterations "$iterations" \
   --socket "$tmp/d.sock" --json --job gpu-check-resnet50 "${replay_args[@]}" \
+  --op-times "$out/op-times.tsv" \
   >"$out/replay.json" 2>"$out/replay.err"
 rc=$?
 set -e
@@ -362,6 +366,51 @@ EOF
   esac
 fi
 
+# Where a guided iteration's host time went against the measured one's
+# (capuchin-replay --op-times): in op begin (restores, waits for memory), in
+# the ops' bodies (on cuda the integrity checks wait for the device, so a late
+# copy shows there), in op end (evictions), between ops; and the ops that
+# grew most.
+if [ -s "$out/op-times.tsv" ]; then
+  "$PYTHON" - "$out/op-times.tsv" <<'EOF' 2>&1 | tee "$out/op-times.txt" || true
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+iters = {}
+for r in rows:
+    iters.setdefault((int(r["iteration"]), r["mode"]), []).append(r)
+measured = [k for k in iters if k[1] == "measured"]
+guided = [k for k in iters if k[1] == "guided"]
+if not measured or not guided:
+    print("op times: no measured and guided iteration to compare")
+    sys.exit(0)
+PARTS = ("begin", "body", "end")
+def parts(ops):
+    t = dict.fromkeys(PARTS + ("between",), 0)
+    for a, b in zip(ops, ops[1:] + [None]):
+        for k in PARTS:
+            t[k] += int(a[k + "_ns"])
+        if b is not None:
+            t["between"] += int(b["start_ns"]) - int(a["start_ns"]) - sum(int(a[k + "_ns"]) for k in PARTS)
+    return t
+m, g = iters[measured[0]], iters[guided[-1]]
+pm, pg = parts(m), parts(g)
+print(f"op times (ms)  {'':8} {'measured ' + str(measured[0][0]):>12} {'guided ' + str(guided[-1][0]):>12} {'diff':>8}")
+for k in PARTS + ("between",):
+    print(f"op times (ms)  {k:8} {pm[k] / 1e6:12.2f} {pg[k] / 1e6:12.2f} {(pg[k] - pm[k]) / 1e6:8.2f}")
+by_op = {int(r["op"]): r for r in m}
+grew = []
+for r in g:
+    a = by_op.get(int(r["op"]))
+    if a:
+        d = {k: int(r[k + "_ns"]) - int(a[k + "_ns"]) for k in PARTS}
+        grew.append((sum(d.values()), int(r["op"]), r["name"], d))
+grew.sort(reverse=True)
+for tot, op, name, d in grew[:8]:
+    print(f"op times: op {op:5} {name:40} {tot / 1e3:+9.1f} us (begin {d['begin'] / 1e3:+.1f},"
+          f" body {d['body'] / 1e3:+.1f}, end {d['end'] / 1e3:+.1f})")
+EOF
+fi
+
 # --- 5. Training under the adapter against save_on_cpu and checkpoint ----
 # import capuchin from the build tree: python/CMakeLists.txt puts the package
 # and its C extension (capuchin._client) in BUILD/python/capuchin. The source
@@ -380,7 +429,7 @@ train_args=(--device cuda)
 say "train_compare.py ${train_args[*]} ${TRAIN_ARGS:-}"
 set +e
 # shellcheck disable=SC2086 # TRAIN_ARGS is a list of words
-CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+CAPUCHIN_DEBUG=1 CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
   "$PYTHON" "$src/tests/gpu/train_compare.py" "${train_args[@]}" ${TRAIN_ARGS:-} \
   --json "$out/train.json" 2>&1 | tee "$out/train.log"
 rc=${PIPESTATUS[0]}
@@ -419,7 +468,7 @@ placement_args=(--device cuda)
 [ $smoke -eq 1 ] && placement_args=(--device cpu)
 say "placement_check.py ${placement_args[*]}"
 set +e
-CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+CAPUCHIN_DEBUG=1 CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
   "$PYTHON" "$src/tests/gpu/placement_check.py" "${placement_args[@]}" \
   --json "$out/placement.json" 2>&1 | tee "$out/placement.log"
 rc=${PIPESTATUS[0]}

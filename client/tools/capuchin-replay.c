@@ -6,7 +6,7 @@
  *                   [--socket PATH] [--backend sim|cuda] [--time-scale X]
  *                   [--no-daemon] [--json] [--verify sample|full]
  *                   [--job NAME] [--device-uuid UUID] [--fail-recompute N]
- *                   [--fail-alloc N]
+ *                   [--fail-alloc N] [--op-times FILE]
  *
  * Each op "runs" for its measured duration (sim: on the backend clock,
  * scaled by X: wall time = trace time * X; cuda: a kernel). Every tensor is
@@ -15,6 +15,14 @@
  * that loses or corrupts data is counted as an integrity mismatch.
  * --verify sample (default) writes and checks one 8-byte word per 64 KiB
  * plus the first and last word of each tensor; full checks every word.
+ *
+ * --op-times FILE: per op and iteration, where the host's time went (a
+ * tab-separated table: iteration, mode, op, name, then ns from the
+ * iteration's start to op begin, in cap_client_op_begin (restores, waits
+ * for memory), in the op's body (integrity work and compute: on cuda the
+ * host waits for the device in the checks, so late copies show here), in
+ * cap_client_op_end (evictions)). Comparing a guided iteration with the
+ * measured one shows what the plan cost and where.
  *
  * Exit status: 0 when every iteration ran with zero mismatches and no
  * errors, 1 when mismatches or op errors were counted, 2 when the client
@@ -49,6 +57,8 @@ typedef struct replay {
   int fail_recompute_at; /* fault injection: fail the N-th callback */
   int recompute_calls;
   bool full;
+  FILE *op_times; /* --op-times, or NULL */
+  int64_t *op_t;  /* this iteration's 4 host times per op */
 } replay_t;
 
 static uint64_t seed_of(uint32_t id, uint32_t iter) {
@@ -68,14 +78,14 @@ static void note_error(replay_t *r, const char *what, uint32_t n, int rc) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: capuchin-replay --trace FILE [--iterations N] "
-          "[--budget BYTES|N%%]\n"
-          "                       [--socket PATH] [--backend sim|cuda] "
-          "[--time-scale X]\n"
-          "                       [--no-daemon] [--json] [--verify "
-          "sample|full] [--job NAME]\n"
-          "                       [--device-uuid UUID] [--plan FILE]\n");
+  fprintf(f, "usage: capuchin-replay --trace FILE [--iterations N] "
+             "[--budget BYTES|N%%]\n"
+             "                       [--socket PATH] [--backend sim|cuda] "
+             "[--time-scale X]\n"
+             "                       [--no-daemon] [--json] [--verify "
+             "sample|full] [--job NAME]\n"
+             "                       [--device-uuid UUID] [--plan FILE] "
+             "[--op-times FILE]\n");
 }
 
 /* A plan written by capuchin-sim --emit-plan for this trace, installed at
@@ -251,6 +261,24 @@ static const char *daemon_state(const cap_client_stats_t *st, bool no_daemon,
   return buf;
 }
 
+/* The iteration's per-op host times (--op-times), relative to its first
+ * op's begin; ops that failed to begin (their times unset) are left out. */
+static void write_op_times(replay_t *r, cap_mode_t mode) {
+  const cap_profile_t *p = r->p;
+  int64_t t0 = p->n_ops ? r->op_t[0] : 0;
+  for (uint32_t s = 0; s < p->n_ops; s++) {
+    const int64_t *t = r->op_t + 4 * (size_t)s;
+    if (t[1] == 0 || t[3] == 0)
+      continue;
+    fprintf(r->op_times,
+            "%u\t%s\t%u\t%s\t%" PRId64 "\t%" PRId64 "\t%" PRId64 "\t%" PRId64
+            "\n",
+            r->iteration, cap_client_mode_name(mode), s, p->ops[s].name,
+            t[0] - t0, t[1] - t[0], t[2] - t[1], t[3] - t[2]);
+  }
+  memset(r->op_t, 0, 4 * (size_t)p->n_ops * sizeof *r->op_t);
+}
+
 static int run_iteration(replay_t *r, row_t *row) {
   cap_client_t *c = r->c;
   const cap_profile_t *p = r->p;
@@ -298,6 +326,9 @@ static int run_iteration(replay_t *r, row_t *row) {
     if (op->n_in > 65536 || op->n_out > 65536)
       return CAP_ERANGE;
     void **in_ptrs = ptrs, **out_ptrs = ptrs + op->n_in;
+    int64_t *t4 = r->op_t ? r->op_t + 4 * (size_t)s : NULL;
+    if (t4)
+      t4[0] = cap_client_now_ns(c);
     rc = cap_client_op_begin(c, op->name, in, op->n_in, out, op->n_out,
                              in_ptrs, out_ptrs);
     if (rc < 0) {
@@ -306,6 +337,8 @@ static int run_iteration(replay_t *r, row_t *row) {
       continue;
     }
     int64_t t_begin = cap_client_now_ns(c);
+    if (t4)
+      t4[1] = t_begin;
     for (uint32_t i = 0; i < op->n_in; i++) {
       uint32_t id = in[i];
       if (p->tensors[id].kind == CAP_KIND_ACTIVATION &&
@@ -335,7 +368,11 @@ static int run_iteration(replay_t *r, row_t *row) {
     int64_t left = (op->end_ns - op->start_ns) - (cap_client_now_ns(c) - t_begin);
     if (left > 0)
       cap_client_compute(c, left);
+    if (t4)
+      t4[2] = cap_client_now_ns(c);
     cap_client_op_end(c);
+    if (t4)
+      t4[3] = cap_client_now_ns(c);
     /* Frees due before the next op starts. */
     int64_t until = s + 1 < p->n_ops ? p->ops[s + 1].start_ns : INT64_MAX;
     while (fi < p->n_frees && p->frees[fi].t_ns <= until) {
@@ -360,6 +397,8 @@ static int run_iteration(replay_t *r, row_t *row) {
     row->budget_bytes = cs.budget_bytes;
   }
   rc = cap_client_iteration_end(c, &row->st);
+  if (r->op_times && rc == 0)
+    write_op_times(r, row->st.mode);
   row->mismatches = r->mismatches;
   row->errors = r->errors;
   memcpy(row->first_error, r->first_error, sizeof row->first_error);
@@ -369,14 +408,29 @@ static int run_iteration(replay_t *r, row_t *row) {
 int main(int argc, char **argv) {
   const char *trace = NULL, *budget_s = NULL, *socket = NULL, *backend = NULL,
              *job = NULL, *verify = "sample", *device_uuid = NULL,
-             *plan_file = NULL;
+             *plan_file = NULL, *op_times = NULL;
   uint64_t iterations = 6;
   double scale = 1.0;
   bool no_daemon = false, json = false;
   int fail_recompute = 0, fail_alloc = 0;
-  enum { O_TRACE = 1, O_ITER, O_BUDGET, O_SOCKET, O_BACKEND, O_SCALE, O_NODAEMON,
-         O_JSON, O_VERIFY, O_JOB, O_UUID, O_FAILREC, O_FAILALLOC, O_PLAN,
-         O_HELP };
+  enum {
+    O_TRACE = 1,
+    O_ITER,
+    O_BUDGET,
+    O_SOCKET,
+    O_BACKEND,
+    O_SCALE,
+    O_NODAEMON,
+    O_JSON,
+    O_VERIFY,
+    O_JOB,
+    O_UUID,
+    O_FAILREC,
+    O_FAILALLOC,
+    O_PLAN,
+    O_OPTIMES,
+    O_HELP
+  };
   static const struct option opts[] = {
       {"trace", required_argument, 0, O_TRACE},
       {"iterations", required_argument, 0, O_ITER},
@@ -392,6 +446,7 @@ int main(int argc, char **argv) {
       {"fail-recompute", required_argument, 0, O_FAILREC},
       {"fail-alloc", required_argument, 0, O_FAILALLOC},
       {"plan", required_argument, 0, O_PLAN},
+      {"op-times", required_argument, 0, O_OPTIMES},
       {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
   int o;
@@ -462,6 +517,9 @@ int main(int argc, char **argv) {
       break;
     case O_PLAN:
       plan_file = optarg;
+      break;
+    case O_OPTIMES:
+      op_times = optarg;
       break;
     case O_HELP:
       usage(stdout);
@@ -551,6 +609,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "capuchin-replay: out of memory\n");
     rc = CAP_ENOMEM;
     goto out;
+  }
+  if (op_times) {
+    r.op_t = calloc(4 * (size_t)(p->n_ops ? p->n_ops : 1), sizeof *r.op_t);
+    r.op_times = fopen(op_times, "w");
+    if (!r.op_t || !r.op_times) {
+      fprintf(stderr, "capuchin-replay: --op-times %s: %s\n", op_times,
+              r.op_t ? strerror(errno) : "out of memory");
+      rc = 64;
+      goto out;
+    }
+    fprintf(r.op_times,
+            "iteration\tmode\top\tname\tstart_ns\tbegin_ns\tbody_ns\tend_ns\n");
   }
   if (r.full)
     setenv("CAPUCHIN_VERIFY", "full", 1);
@@ -643,6 +713,9 @@ out:
   free(r.id_of);
   free(r.seed_iter);
   free(r.written);
+  free(r.op_t);
+  if (r.op_times && fclose(r.op_times) != 0 && rc == 0)
+    rc = 1;
   cap_profile_destroy(p);
   return rc < 0 ? 1 : rc;
 }

@@ -98,6 +98,37 @@ static int sig_matches(const op_sig_t *s, uint32_t seq, const char *name,
          !memcmp(s->ids + o->off + n_in, out, n_out * sizeof *out);
 }
 
+static void print_op(const char *name, const uint32_t *in, uint32_t n_in,
+                     const uint32_t *out, uint32_t n_out) {
+  fprintf(stderr, "%s(", name);
+  for (uint32_t i = 0; i < n_in; i++)
+    fprintf(stderr, "%s%u", i ? " " : "", in[i]);
+  fprintf(stderr, " ->");
+  for (uint32_t i = 0; i < n_out; i++)
+    fprintf(stderr, " %u", out[i]);
+  fprintf(stderr, ")");
+}
+
+/* CAPUCHIN_DEBUG: which op left the plan's sequence, and how (name, ids,
+ * or the same name under another string: names compare as pointers). */
+static void print_divergence(const op_sig_t *s, uint32_t seq, const char *name,
+                             const uint32_t *in, uint32_t n_in,
+                             const uint32_t *out, uint32_t n_out) {
+  fprintf(stderr, "capuchin: diverged at op %u: ran ", seq);
+  print_op(name, in, n_in, out, n_out);
+  if (seq < s->n_ops) {
+    const op_sig_op_t *o = &s->ops[seq];
+    fprintf(stderr, ", the plan's ");
+    print_op(o->name, s->ids + o->off, o->n_in, s->ids + o->off + o->n_in,
+             o->n_out);
+    if (o->name != name && !strcmp(o->name, name))
+      fprintf(stderr, " (the same name, another string)");
+  } else {
+    fprintf(stderr, ", past the plan's %u ops", s->n_ops);
+  }
+  fprintf(stderr, "\n");
+}
+
 void cap_py_op_path_begin(ClientObject *self, cap_mode_t mode) {
   self->mode = mode;
   self->op_seq = 0;
@@ -150,7 +181,7 @@ static int report(ClientObject *self, const char *name, uint32_t n_in,
       !sig_matches(&self->plan, seq, name, in, n_in, out, n_out)) {
     self->diverged_at = (int)seq;
     if (getenv("CAPUCHIN_DEBUG"))
-      fprintf(stderr, "capuchin: diverged at op %u (%s)\n", seq, name);
+      print_divergence(&self->plan, seq, name, in, n_in, out, n_out);
     (void)cap_client_diverged(self->c);
   }
   int rc = cap_client_op_run(self->c, name, in, n_in, out, n_out,

@@ -367,9 +367,15 @@ def capuchin_in_child(spec, args, budget, iterations, warmup):
             result = json.loads(line[len(CHILD_RESULT):])
         else:
             print("    " + line)  # the adapter's report
-    if p.returncode != 0 or result is None:
-        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"child exited {p.returncode}: {last}")
+    err = p.stderr.strip().splitlines()
+    failed = p.returncode != 0 or result is None
+    # The adapter's own lines (CAPUCHIN_DEBUG's divergences, warnings), and
+    # on a failure the end of what the child wrote (its traceback).
+    shown = err[-40:] if failed else [l for l in err if "capuchin" in l][:40]
+    for line in shown:
+        print("    ! " + line)
+    if failed:
+        raise RuntimeError(f"child exited {p.returncode}: {(err or ['no output'])[-1]}")
     return result
 
 
