@@ -197,6 +197,8 @@ class Manager:
         self._step_no = 0
         self._in_step = False
         self._internal_ = False     # the adapter's own tensor ops: not reported
+        self._op_ran = False        # _report: the op ran (its output in _op_out)
+        self._op_out = None
         self._probe = False
         self._tensors = Tensors(None)
         self._idents = {}           # client id -> Ident
@@ -691,6 +693,12 @@ class Manager:
             if self._op_ran:
                 return self._op_out
             return _run(func, args, kwargs)
+        finally:
+            # Held no longer than the op: it kept the output of the last op
+            # that took this path alive until the next one (on the GPU, where
+            # the measured step takes it for every op and guided steps do
+            # not, guided steps then held memory the plan had counted free).
+            self._op_out = None
 
     def _stop(self, why):
         self._stopped = True
