@@ -149,6 +149,10 @@ class Manager:
     # False: every new storage is adopted through the Python path, as
     # before storages.c (tests/python/test_torch_profiles.py compares).
     _c_storages = True
+    # True: the measured step reports every op through the Python path, as
+    # it does on a GPU (where it times each op between two
+    # synchronisations); the tests set it to run the GPU's path on the CPU.
+    _measure_in_python = False
 
     def __init__(self, budget="50%", job=None, socket=None, no_daemon=False,
                  plan_wait_s=0.0, verify=None, host_pool_bytes=None,
@@ -650,8 +654,8 @@ class Manager:
             return
         self.client.on = (self._in_step and not self._probe and not self._stopped and
                           not self._internal_ and
-                          not (self._mode == "measured" and self.device is not None and
-                               self.device.type == "cuda"))
+                          not (self._mode == "measured" and
+                               (self._measure_in_python or self._on_cuda())))
 
     def _attach(self):
         """Give the client's dispatch what it needs of this adapter. It

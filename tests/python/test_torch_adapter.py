@@ -251,6 +251,9 @@ def scenario_hostcap(model_name):
 
 if __name__ == "__main__":
     scenario, model_name = sys.argv[1], sys.argv[2]
+    # As on a GPU: the measured step's ops through the Python path, the
+    # guided steps' through the client's C path.
+    capuchin.Manager._measure_in_python = os.environ.get("CAP_TEST_MEASURE_IN_PYTHON") == "1"
     {"budgets": scenario_budgets, "kill": scenario_kill, "nodaemon": scenario_nodaemon,
      "shapes": scenario_shapes, "hostcap": scenario_hostcap,
      "late_numpy": scenario_late_numpy}[scenario](model_name)
