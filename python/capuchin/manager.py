@@ -43,6 +43,10 @@ from ._saved import SavedTensors
 from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
                        storage_resizable, view_on)
 
+# The most guided steps in a row that leave the plan's op sequence before
+# the job is measured again (the count starts at 2 and doubles).
+REMEASURE_MAX = 1024
+
 _RNG_WORDS = ("bernoulli", "dropout", "rand", "normal", "uniform", "exponential",
               "multinomial", "poisson", "geometric", "cauchy", "log_normal")
 
@@ -210,6 +214,10 @@ class Manager:
                                     # a recompute list may replay)
         self._diverged_run = 0      # guided steps in a row that left the
                                     # plan's op sequence
+        self._last_diverged_at = -1
+        self._remeasure_after = 2   # ... that measure the job again: doubled
+                                    # by each measurement no guided step
+                                    # followed to its end (REMEASURE_MAX)
         self.remeasured = 0         # times the job was measured again
         self._marks_unplanned = False  # a weight the plan in force evicts
                                     # became NumPy-shared after the step it
@@ -317,7 +325,7 @@ class Manager:
             self._guided = False
             self._mode = "probe"
             return
-        if self._diverged_run >= 2 or self._marks_unplanned:
+        if self._diverged_run >= self._remeasure_after or self._marks_unplanned:
             self._remeasure()
             if self.client is None:
                 return
@@ -379,8 +387,12 @@ class Manager:
         if st.get("cuda_within_budget") is False:
             st["note"] = "; ".join(n for n in (st["note"], "CUDA peak over the budget") if n)
         self.iterations.append(st)
-        if self._guided:
-            self._diverged_run = self._diverged_run + 1 if self._diverged else 0
+        if self._guided and self._diverged:
+            self._diverged_run += 1
+            self._last_diverged_at = self.client.diverged_at
+        elif self._guided:  # a step the plan carried to its end
+            self._diverged_run = 0
+            self._remeasure_after = 2
         if st["mode"] == "measured" and self.plan_wait_s > 0:
             self.client.wait_plan(0, int(self.plan_wait_s * 1000))
 
@@ -433,10 +445,10 @@ class Manager:
             return None
 
     def _remeasure(self):
-        """The job no longer runs the iteration its plan was made for (two
-        guided steps in a row left it, or a weight it evicts can no longer
-        be given up): a new client session measures the next step, and the
-        daemon plans that."""
+        """The job no longer runs the iteration its plan was made for
+        (_remeasure_after guided steps in a row left it, or a weight it
+        evicts can no longer be given up): a new client session measures
+        the next step, and the daemon plans that."""
         self._flush_frees()
         self.client.close()
         del self._saved.graveyard[:]
@@ -455,6 +467,18 @@ class Manager:
             self._tensors.moved(live[0], t)
             self._idents[ident.id] = ident
         self._attach()
+        if self._diverged_run >= self._remeasure_after:
+            # Each measurement is a slow step (on a GPU every op is timed
+            # between two synchronisations): a job whose steps never follow
+            # one waits longer each time.
+            if self._remeasure_after > 2:
+                self.warn_once("diverging", (
+                    "guided steps keep leaving the plan's op sequence (last at op %d): "
+                    "measured %d times; next after %d such steps in a row "
+                    "(CAPUCHIN_DEBUG=1 prints the op)") % (
+                        self._last_diverged_at, self.remeasured + 1,
+                        min(2 * self._remeasure_after, REMEASURE_MAX)))
+            self._remeasure_after = min(2 * self._remeasure_after, REMEASURE_MAX)
         self._diverged_run = 0
         self._marks_unplanned = False
         self.remeasured += 1

@@ -188,6 +188,43 @@ def scenario_shapes(model_name):
           mgr.remeasured == 1 and its[5]["mode"] == "measured" and its[6]["mode"] == "guided")
 
 
+def scenario_diverging(model_name):
+    """Every step runs one more op than the step before (at its end): no
+    guided step follows its plan to the end. The job is measured again
+    after 2, then 4, then 8 such steps in a row (not every 3 steps, each a
+    slow measured step), with one warning, and it trains as without
+    Capuchin."""
+    steps = 24
+    m, o, batches = build(model_name)
+    ref = []
+    for i in range(steps):
+        ref.append(train_step(m, o, *batches(i)))
+    m, o, batches = build(model_name)
+    mgr = capuchin.Manager(budget="50%", job=model_name + "-diverging", plan_wait_s=20,
+                           verify=True, socket=os.environ.get("CAPUCHIN_SOCKET"),
+                           sim_gbps=SIM_GBPS[model_name])
+    got = []
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            with mgr.step():
+                got.append(train_step(m, o, *batches(i)))
+                t = torch.ones(4)
+                for _ in range(i):
+                    t = t * 1
+    print(mgr.report(), flush=True)
+    check_equal(model_name + " diverging", ref, got)
+    its = mgr.iterations
+    measured = [it["iteration"] for it in its if it["mode"] == "measured"]
+    # measured at 2; 2 diverged (3, 4) -> 5; 4 (6..9) -> 10; 8 (11..18) -> 19
+    check("diverging: measured at 2, 5, 10, 19: %s" % measured, measured == [2, 5, 10, 19])
+    check("diverging: every guided step left its plan",
+          all("diverged" in it["note"] for it in its if it["mode"] == "passive"))
+    warned = [w for w in caught if "keep leaving the plan" in str(w.message)]
+    check("diverging: one warning: %s" % [str(w.message) for w in warned], len(warned) == 1)
+
+
 def scenario_late_numpy(model_name):
     """Weights become NumPy-shared after step 3, as a caller that starts
     logging them with .numpy() would make them: the 30 % plan evicts
@@ -256,6 +293,6 @@ if __name__ == "__main__":
     capuchin.Manager._measure_in_python = os.environ.get("CAP_TEST_MEASURE_IN_PYTHON") == "1"
     {"budgets": scenario_budgets, "kill": scenario_kill, "nodaemon": scenario_nodaemon,
      "shapes": scenario_shapes, "hostcap": scenario_hostcap,
-     "late_numpy": scenario_late_numpy}[scenario](model_name)
+     "late_numpy": scenario_late_numpy, "diverging": scenario_diverging}[scenario](model_name)
     print("%d failed" % len(fails))
     sys.exit(1 if fails else 0)
