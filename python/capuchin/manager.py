@@ -634,8 +634,13 @@ class Manager:
             return st.ident.id
         if t.layout != torch.strided or t.data_ptr() == 0:
             return None
+        # The job's device is that of the first tensor the probe sees; a
+        # tensor elsewhere (a CUDA job's CPU scalars, an optimizer's step
+        # counters, a .cpu() copy) is not its memory and stays unmanaged.
         if self.device is None:
             self.device = t.device
+        elif t.device != self.device:
+            return None
         nbytes = storage_nbytes(t)
         if self._probe:
             ident = Ident(-1, nbytes, False)
@@ -690,7 +695,7 @@ class Manager:
                                 (t.pending_frees, t.give_up, self._saved.graveyard),
                                 self._flush_frees, t.give_up, torch.Tensor,
                                 frozenset([_DETACH]), t.gone, torch.strided,
-                                self.device is not None and self._c_storages)
+                                self.device is not None and self._c_storages, self.device)
         t.take = self._take_storage
 
     def _take_storage(self, ptr):

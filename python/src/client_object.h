@@ -80,6 +80,8 @@ typedef struct {
                            Storage): while there is one, the Python path
                            looks every new storage up */
   PyObject *strided;    /* torch.strided */
+  PyObject *device;     /* the job's torch.device (None: not known yet): a
+                           new storage elsewhere is not managed */
   int fast_adopt;       /* new storages may be adopted here (storages.c),
                            not through id_of */
   cap_py_storages_t storages;

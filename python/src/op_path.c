@@ -163,6 +163,7 @@ void cap_py_op_path_clear(ClientObject *self) {
   Py_CLEAR(self->func_names);
   Py_CLEAR(self->gone);
   Py_CLEAR(self->strided);
+  Py_CLEAR(self->device);
   self->fast_adopt = 0;
 }
 
@@ -505,13 +506,13 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
  * of the adapter (see client_object.h). */
 static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *slow, *id_of, *stop, *by_ptr, *watch, *flush, *give_up, *tt, *sf;
-  PyObject *gone, *strided;
+  PyObject *gone, *strided, *device;
   int fast_adopt;
-  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!O!Op", &slow, &id_of, &stop,
+  if (!PyArg_ParseTuple(args, "OOOO!O!OO!O!O!O!OpO", &slow, &id_of, &stop,
                         &PyDict_Type, &by_ptr, &PyTuple_Type, &watch, &flush,
                         &PyList_Type, &give_up, &PyType_Type, &tt,
                         &PyFrozenSet_Type, &sf, &PyDict_Type, &gone, &strided,
-                        &fast_adopt))
+                        &fast_adopt, &device))
     return NULL;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(watch); i++)
     if (!PyList_Check(PyTuple_GET_ITEM(watch, i))) {
@@ -529,8 +530,8 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   PyObject *names = PyDict_New();
   if (!names)
     return NULL;
-  PyObject *objs[] = {slow,    id_of, stop, by_ptr, watch,  flush,
-                      give_up, tt,    sf,   gone,   strided};
+  PyObject *objs[] = {slow,    id_of, stop, by_ptr, watch,   flush,
+                      give_up, tt,    sf,   gone,   strided, device};
   for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
     Py_INCREF(objs[i]);
   Py_XSETREF(self->slow, slow);
@@ -545,6 +546,7 @@ static PyObject *Client_set_op_path(ClientObject *self, PyObject *args) {
   Py_XSETREF(self->func_names, names);
   Py_XSETREF(self->gone, gone);
   Py_XSETREF(self->strided, strided);
+  Py_XSETREF(self->device, device);
   self->fast_adopt = fast_adopt;
   Py_RETURN_NONE;
 }
@@ -565,7 +567,7 @@ PyMethodDef cap_py_op_path_methods[] = {
      "op(name, in_ids, out_ids, duration_ns): report an op that has run"},
     {"set_op_path", (PyCFunction)Client_set_op_path, METH_VARARGS,
      "set_op_path(slow, id_of, stop, by_ptr, watch, flush, give_up, "
-     "tensor_type, slow_funcs, gone, strided, fast_adopt)"},
+     "tensor_type, slow_funcs, gone, strided, fast_adopt, device)"},
     {"replayed", (PyCFunction)Client_replayed, METH_O,
      "replayed(seq) -> bool: a recompute list of the plan may replay op seq"},
     {NULL, NULL, 0, NULL},

@@ -67,7 +67,7 @@ static PyTypeObject StorageRefType = {
 
 static PyObject *on_dead; /* the references' callback */
 static PyObject *s_data_ptr, *s_storage_offset, *s_element_size, *s_layout,
-    *s_nbytes, *s_storage;
+    *s_device, *s_nbytes, *s_storage;
 
 /* --- the table: open addressing on the storage's address ------------------ */
 
@@ -228,10 +228,11 @@ int cap_py_storages_ready(void) {
   s_storage_offset = PyUnicode_InternFromString("storage_offset");
   s_element_size = PyUnicode_InternFromString("element_size");
   s_layout = PyUnicode_InternFromString("layout");
+  s_device = PyUnicode_InternFromString("device");
   s_nbytes = PyUnicode_InternFromString("nbytes");
   on_dead = PyCFunction_New(&on_dead_def, NULL);
   return s_data_ptr && s_storage_offset && s_element_size && s_layout &&
-                 s_nbytes && on_dead
+                 s_device && s_nbytes && on_dead
              ? 0
              : -1;
 }
@@ -349,6 +350,17 @@ long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
     Py_DECREF(layout);
     if (!strided)
       return CAP_PY_ST_UNMANAGED;
+    /* as the Python path's _id_of: a tensor off the job's device is not
+     * its memory */
+    if (self->device && self->device != Py_None) {
+      PyObject *d = PyObject_GetAttr(t, s_device);
+      int same = d ? PyObject_RichCompareBool(d, self->device, Py_EQ) : -1;
+      Py_XDECREF(d);
+      if (same < 0)
+        return CAP_PY_ST_ERROR;
+      if (!same)
+        return CAP_PY_ST_UNMANAGED;
+    }
   }
   /* The reference first, as making it may run the collector. */
   PyObject *args[2] = {t, on_dead};

@@ -175,6 +175,26 @@ def test_python_path_output_not_held():
     mgr.close()
 
 
+def test_off_device_storage_unmanaged():
+    """A tensor off the job's device (a CUDA job's CPU scalars, an
+    optimizer's step counters, .cpu() copies) is not its memory: neither
+    the C path nor the Python path adopts it. Here the job's device is made
+    'meta' after the probe, so that the CPU tensors are the ones elsewhere."""
+    mgr, x, w = manager()
+    mgr.device = torch.device("meta")
+    mgr._attach()
+    c = mgr.client
+    with mgr.step():
+        base = live(mgr)
+        y = x + w  # the C path: a new output storage
+        check(c.storages_count() == (0, 0, 0), "C path: not adopted: %r" % (c.storages_count(),))
+        z = torch.ones(FLOATS) * 2  # an input seen the first time: the Python path
+        check(live(mgr) == base, "nothing adopted: %d, want %d" % (live(mgr), base))
+        check(mgr._id_of(z) is None, "Python path: no id")
+        del y, z
+    mgr.close()
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     for t in tests:
