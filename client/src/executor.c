@@ -226,8 +226,9 @@ int cap__op_end(cap_client_t *c) {
   if (c->recording) {
     if (c->decl_next < c->n_tensors)
       cap__decl_upto(c, c->n_tensors - 1);
-    /* The profile is the framework's timeline: time the client itself
-     * stalled (passive swapping) is taken out. */
+    /* The profile is the framework's timeline: time the client held the
+     * host (passive swapping, waits for copies) is taken out
+     * (cap__rec_time_ns); a wait the device alone did is not. */
     int64_t s = cap__rec_time_ns(c, c->op_start_ns),
             e = cap__rec_time_ns(c, t1);
     if (s < c->rec_start_ns) /* a wait inside the op: keep start order */
