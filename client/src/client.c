@@ -563,6 +563,19 @@ int64_t cap__rec_time_ns(const cap_client_t *c, int64_t t) {
   return t < 0 ? 0 : t;
 }
 
+void cap__rec_span(cap_client_t *c, int64_t t0, int64_t t1, int64_t *s,
+                   int64_t *e) {
+  *s = cap__rec_time_ns(c, t0);
+  if (*s < c->rec_start_ns) /* a wait noted inside the op: keep start order */
+    *s = c->rec_start_ns;
+  *e = cap__rec_time_ns(c, t1);
+  if (*e < *s)
+    *e = *s;
+  c->rec_start_ns = *s;
+  if (*e > c->rec_end_ns)
+    c->rec_end_ns = *e;
+}
+
 /* Every wait is a stall of the iteration. Only one on the host is also left
  * out of the recorded timeline: where ops run on a device (cuda), an op that
  * waits for a copy there holds no host time, and taking its estimated wait
@@ -586,13 +599,9 @@ static void record_over_budget(cap_client_t *c, const char *name,
                                const uint32_t *out, uint32_t n_out) {
   if (c->n_tensors)
     cap__decl_upto(c, c->n_tensors - 1);
-  int64_t t = cap__rec_time_ns(c, cap__now_ns(c->dev));
-  if (t < c->rec_start_ns) /* never before the previous op */
-    t = c->rec_start_ns;
-  c->rec_start_ns = t;
-  if (t > c->rec_end_ns)
-    c->rec_end_ns = t;
-  if (!cap__rec_op(c, c->op_seq, t, t, name, in, n_in, out, n_out)) {
+  int64_t now = cap__now_ns(c->dev), t, t_end;
+  cap__rec_span(c, now, now, &t, &t_end);
+  if (!cap__rec_op(c, c->op_seq, t, t_end, name, in, n_in, out, n_out)) {
     c->it.dropped_records++;
     return;
   }

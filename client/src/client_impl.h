@@ -222,6 +222,12 @@ bool cap__dev_host_compute(cap__dev_t *d);
 /* Time t of the backend's clock on this iteration's recorded timeline (0 at
  * its start): the framework's own time, without the client's waits. */
 int64_t cap__rec_time_ns(const cap_client_t *c, int64_t t);
+/* The recorded [*s, *e] of an op the host saw run from t0 to t1: after the
+ * start of the op recorded before it, whatever waits were noted inside it
+ * (the daemon takes ops in start order); no free is recorded before the
+ * latest end (rec_end_ns). */
+void cap__rec_span(cap_client_t *c, int64_t t0, int64_t t1, int64_t *s,
+                   int64_t *e);
 /* A wait of w ns: stall counters; host: the training thread waited (and the
  * recorded timeline leaves the wait out), else only the device did. */
 void cap__note_wait(cap_client_t *c, int64_t w, bool host);

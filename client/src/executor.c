@@ -229,15 +229,8 @@ int cap__op_end(cap_client_t *c) {
     /* The profile is the framework's timeline: time the client held the
      * host (passive swapping, waits for copies) is taken out
      * (cap__rec_time_ns); a wait the device alone did is not. */
-    int64_t s = cap__rec_time_ns(c, c->op_start_ns),
-            e = cap__rec_time_ns(c, t1);
-    if (s < c->rec_start_ns) /* a wait inside the op: keep start order */
-      s = c->rec_start_ns;
-    if (e < s)
-      e = s;
-    c->rec_start_ns = s;
-    if (e > c->rec_end_ns)
-      c->rec_end_ns = e;
+    int64_t s, e;
+    cap__rec_span(c, c->op_start_ns, t1, &s, &e);
     if (!cap__rec_op(c, c->op_seq, s, e, c->op_name, c->op_in, c->op_n_in,
                      c->op_out, c->op_n_out))
       c->it.dropped_records++;
