@@ -325,8 +325,9 @@ class Manager:
             self._guided = False
             self._mode = "probe"
             return
-        if self._diverged_run >= self._remeasure_after or self._marks_unplanned:
-            self._remeasure()
+        diverged = self._diverged_run >= self._remeasure_after
+        if diverged or self._marks_unplanned:
+            self._remeasure(diverged)
             if self.client is None:
                 return
         self._flush_frees()
@@ -444,11 +445,11 @@ class Manager:
             self.warn_once("client", "no client (%s): the job trains unmanaged" % (e,))
             return None
 
-    def _remeasure(self):
+    def _remeasure(self, diverged):
         """The job no longer runs the iteration its plan was made for
-        (_remeasure_after guided steps in a row left it, or a weight it
-        evicts can no longer be given up): a new client session measures
-        the next step, and the daemon plans that."""
+        (diverged: _remeasure_after guided steps in a row left it; else a
+        weight it evicts can no longer be given up): a new client session
+        measures the next step, and the daemon plans that."""
         self._flush_frees()
         self.client.close()
         del self._saved.graveyard[:]
@@ -467,18 +468,18 @@ class Manager:
             self._tensors.moved(live[0], t)
             self._idents[ident.id] = ident
         self._attach()
-        if self._diverged_run >= self._remeasure_after:
+        if diverged:
             # Each measurement is a slow step (on a GPU every op is timed
             # between two synchronisations): a job whose steps never follow
             # one waits longer each time.
+            after = min(2 * self._remeasure_after, REMEASURE_MAX)
             if self._remeasure_after > 2:
                 self.warn_once("diverging", (
                     "guided steps keep leaving the plan's op sequence (last at op %d): "
                     "measured %d times; next after %d such steps in a row "
                     "(CAPUCHIN_DEBUG=1 prints the op)") % (
-                        self._last_diverged_at, self.remeasured + 1,
-                        min(2 * self._remeasure_after, REMEASURE_MAX)))
-            self._remeasure_after = min(2 * self._remeasure_after, REMEASURE_MAX)
+                        self._last_diverged_at, self.remeasured + 1, after))
+            self._remeasure_after = after
         self._diverged_run = 0
         self._marks_unplanned = False
         self.remeasured += 1
