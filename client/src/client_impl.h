@@ -638,6 +638,10 @@ void cap__fw_release(cap_client_t *c, uint32_t id, void *dev, uint64_t bytes);
  * no swap-out is left to wait for. Model 2's way to keep to the budget: the
  * framework allocates, so the client can only make room before it does. */
 bool cap__fw_wait_room(cap_client_t *c, uint64_t bytes);
+/* The bytes the framework has yet to allocate for the coming op's outputs
+ * in a guided iteration: what they took in the last complete iteration,
+ * less what it adopted since the last op (0 outside guided iterations). */
+uint64_t cap__fw_outputs_to_come(const cap_client_t *c);
 
 /* restore.c: start the H2D copy of a tensor on the host (may_evict: make
  * room), or into device memory dev already allocated for it (freed if the

@@ -162,10 +162,15 @@ static uint64_t next_op_bytes(const cap_client_t *c) {
   return c->log_last.ops[c->op_seq].adopted_bytes;
 }
 
+uint64_t cap__fw_outputs_to_come(const cap_client_t *c) {
+  uint64_t want = next_op_bytes(c);
+  return want > c->adopted_since_op ? want - c->adopted_since_op : 0;
+}
+
 int cap_client_make_room(cap_client_t *c) {
   if (!c)
     return CAP_EINVAL;
-  return cap__fw_wait_room(c, next_op_bytes(c)) ? 1 : 0;
+  return cap__fw_wait_room(c, cap__fw_outputs_to_come(c)) ? 1 : 0;
 }
 
 bool cap_client_op_replayed(cap_client_t *c, uint32_t seq) {

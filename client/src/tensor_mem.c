@@ -41,14 +41,18 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
   /* A prefetch (may_evict false) keeps to the budget or waits for its
    * access. The access itself cannot evict what the framework holds, but it
    * can wait for the swap-outs in flight to give their memory back (an
-   * unpack whose prefetch found no room, a recompute's outputs); past that
-   * it allocates regardless rather than fail the op. */
-  if (!may_evict && !cap__dev_budget_has_room(c->dev, bytes)) {
+   * unpack whose prefetch found no room, a weight brought back before the
+   * op that reads it, a recompute's outputs); past that it allocates
+   * regardless rather than fail the op. Either keeps the room that
+   * make_room made for the outputs the framework has yet to allocate for
+   * the coming op: they are allocated regardless of the budget. */
+  uint64_t need = bytes + cap__fw_outputs_to_come(c);
+  if (!may_evict && !cap__dev_budget_has_room(c->dev, need)) {
     cap__reap(c, false);
-    if (!cap__dev_budget_has_room(c->dev, bytes))
+    if (!cap__dev_budget_has_room(c->dev, need))
       return CAP_EBUDGET;
   } else if (may_evict) {
-    (void)cap__fw_wait_room(c, bytes);
+    (void)cap__fw_wait_room(c, need);
   }
   void *dev = NULL;
   /* Should the framework's allocator be the client's (framework_alloc.c),

@@ -494,6 +494,73 @@ static void test_framework_prefetch_queue(void) {
   CHECK_EQ(f.n_live, 0);
 }
 
+/* A tensor brought back on demand between make_room and the op whose
+ * outputs make_room made room for (PyTorch's adapter brings a weight back
+ * before the op that reads it, an unpack its saved tensor) must not take
+ * that room: the framework allocates the outputs regardless of the budget.
+ * a and b are swapped out after their ops (copies of about 4 ms, one after
+ * the other); before op2, which reads a and writes c, make_room needs room
+ * for c (N of 2.5 N) and waits for a's swap-out only; bringing a back must
+ * then wait for b's too, or c takes the iteration to 3 N. */
+static void test_framework_restore_keeps_room(void) {
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.no_daemon = true;
+  cfg.framework_memory = true;
+  cfg.budget_bytes = 2 * N + N / 2;
+  cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  fake_fw_t f = {0};
+  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                          &f) == 0);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
+      "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":null},"
+      "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":null}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t id[3];
+    for (uint32_t k = 0; k < 2; k++) { /* a, b written */
+      void *buf = fake_fw_new(&f, N);
+      REQUIRE(buf);
+      CHECK_EQ(cap_client_make_room(c), 1);
+      CHECK_EQ(cap_client_adopt(c, N, buf, &id[k]), 0);
+      CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &id[k], 1, 1000),
+               0);
+    }
+    CHECK_EQ(cap_client_make_room(c), 1);
+    void *pa = NULL;
+    CHECK_EQ(cap_client_acquire(c, id[0], &pa), 0);
+    void *buf = fake_fw_new(&f, N);
+    REQUIRE(buf);
+    CHECK_EQ(cap_client_adopt(c, N, buf, &id[2]), 0);
+    CHECK_EQ(cap_client_op_run(c, "aten::add", id, 1, &id[2], 1, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t k = 0; k < 3; k++) {
+      void *q = cap_client_tensor_ptr(c, id[k]);
+      CHECK_EQ(cap_client_free(c, id[k]), 0);
+      if (q)
+        fake_fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    if (it == 1) {
+      CHECK_EQ(st.evictions, 2u);
+      CHECK_EQ(st.fallbacks, 0u);
+      CHECK(st.peak_bytes <= cfg.budget_bytes);
+    }
+    f.allocs = f.releases = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
 static void test_framework_make_room(void) { budget_and_host_cap(false); }
 static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
 
@@ -505,6 +572,7 @@ int main(void) {
   RUN_TEST(test_framework_memory_acquire);
   RUN_TEST(test_framework_op_run_and_diverged);
   RUN_TEST(test_framework_make_room);
+  RUN_TEST(test_framework_restore_keeps_room);
   RUN_TEST(test_framework_persistent_evictable);
   RUN_TEST(test_framework_prefetch_queue);
   RUN_TEST(test_framework_host_pool_cap);
