@@ -635,13 +635,16 @@ class Manager:
             return st.ident.id
         if t.layout != torch.strided or t.data_ptr() == 0:
             return None
-        # The job's device is that of the first tensor the probe sees; a
-        # tensor elsewhere (a CUDA job's CPU scalars, an optimizer's step
-        # counters, a .cpu() copy) is not its memory and stays unmanaged.
-        if self.device is None:
-            self.device = t.device
-        elif t.device != self.device:
-            return None
+        # The job's device is the first one off the CPU that the probe
+        # sees (the CPU where it sees none); a tensor elsewhere (a CUDA
+        # job's CPU scalars, an optimizer's step counters, a .cpu() copy,
+        # the batch before it is moved) is not its memory and stays
+        # unmanaged.
+        if t.device != self.device:
+            if self.device is not None and not (self._probe and
+                                                self.device.type == "cpu"):
+                return None
+            self._take_device(t.device)
         nbytes = storage_nbytes(t)
         if self._probe:
             ident = Ident(-1, nbytes, False)
@@ -656,6 +659,19 @@ class Manager:
             self._idents[cid] = ident
         self._tensors.add(t, ident, ptr=ptr)
         return ident.id
+
+    def _take_device(self, dev):
+        """The probe's tensors are on dev from now on. Those it took so far
+        were all on the CPU (a step that starts by moving its batch to the
+        GPU): if dev is not the CPU, they are not the job's memory after
+        all, and are forgotten (their frees, still to come, count nothing)."""
+        if self.device is not None and dev.type != "cpu":
+            for st in list(self._tensors.by_ptr.values()):
+                self._tensors.drop_ident(st.ident)
+                st.ident.nbytes = 0
+            self._probe_events = []
+            self._live_bytes = self._peak_bytes = 0
+        self.device = dev
 
     # The per-op path: in a reported step the mode's handler is the client's
     # dispatch (C, python/src/op_path.c), which reports an ordinary op
