@@ -59,6 +59,28 @@ static int recompute(void *user, uint32_t seq, const char *name,
   return 0;
 }
 
+/* A sim client without a daemon whose memory the fake framework f owns:
+ * sim_fw_config's cfg, as the test set it further. NULL on failure. */
+static void sim_fw_config(cap_client_config_t *cfg) {
+  cap_client_config_init(cfg);
+  cfg->backend = "sim";
+  cfg->no_daemon = true;
+  cfg->framework_memory = true;
+}
+
+static cap_client_t *sim_fw_client(const cap_client_config_t *cfg,
+                                   fake_fw_t *f) {
+  cap_client_t *c = NULL;
+  CHECK_EQ(cap_client_create(cfg, &c), 0);
+  if (c && cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
+                                           f) != 0) {
+    CHECK(!"set_framework_memory");
+    cap_client_destroy(c);
+    c = NULL;
+  }
+  return c;
+}
+
 /* One iteration as a framework runs it: it allocates each output before
  * the op (adopting it), holds the storages of a, b and d as autograd
  * would, and frees them at the end unless the client still has them. With
@@ -217,15 +239,10 @@ static void run(bool acquire_a) {
  * next one. Iteration 0 runs without a plan. */
 static void test_framework_op_run_and_diverged(void) {
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.no_daemon = true;
-  cfg.framework_memory = true;
-  cap_client_t *c = NULL;
-  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  sim_fw_config(&cfg);
   fake_fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
-                                          &f) == 0);
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
@@ -299,18 +316,13 @@ static void test_framework_op_run_and_diverged(void) {
  * says why. */
 static void budget_and_host_cap(bool capped) {
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.no_daemon = true;
-  cfg.framework_memory = true;
+  sim_fw_config(&cfg);
   cfg.budget_bytes = N + N / 2;
   cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
   cfg.host_pool_cap_bytes = capped ? N / 2 : 0;
-  cap_client_t *c = NULL;
-  REQUIRE(cap_client_create(&cfg, &c) == 0);
   fake_fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
-                                          &f) == 0);
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
@@ -365,15 +377,10 @@ static void budget_and_host_cap(bool capped) {
  * transient tensor and comes back with its bytes. */
 static void test_framework_persistent_evictable(void) {
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.no_daemon = true;
-  cfg.framework_memory = true;
-  cap_client_t *c = NULL;
-  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  sim_fw_config(&cfg);
   fake_fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
-                                          &f) == 0);
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
   uint8_t *wbuf = fake_fw_new(&f, N);
   REQUIRE(wbuf);
   for (uint32_t i = 0; i < N; i++)
@@ -435,16 +442,11 @@ static void test_framework_persistent_evictable(void) {
  * so the framework is asked for b's memory only once a's copy is done. */
 static void test_framework_prefetch_queue(void) {
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.no_daemon = true;
-  cfg.framework_memory = true;
+  sim_fw_config(&cfg);
   cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
-  cap_client_t *c = NULL;
-  REQUIRE(cap_client_create(&cfg, &c) == 0);
   fake_fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
-                                          &f) == 0);
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
@@ -504,17 +506,12 @@ static void test_framework_prefetch_queue(void) {
  * then wait for b's too, or c takes the iteration to 3 N. */
 static void test_framework_restore_keeps_room(void) {
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.no_daemon = true;
-  cfg.framework_memory = true;
+  sim_fw_config(&cfg);
   cfg.budget_bytes = 2 * N + N / 2;
   cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.001; /* 4 KiB: about 4 ms */
-  cap_client_t *c = NULL;
-  REQUIRE(cap_client_create(&cfg, &c) == 0);
   fake_fw_t f = {0};
-  REQUIRE(cap_client_set_framework_memory(c, fake_fw_alloc, fake_fw_release,
-                                          &f) == 0);
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
   static const char plan[] =
       "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
       "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
