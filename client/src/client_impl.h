@@ -619,6 +619,9 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
 void cap__put_budget(cap_client_t *c, uint64_t budget);
 /* Record the device bytes in use now in the iteration's and job's peaks. */
 void cap__note_peak(cap_client_t *c);
+/* The same after an allocation the framework made regardless of the budget:
+ * one that left the bytes in use above it is counted (over_budget_allocs). */
+void cap__note_over(cap_client_t *c);
 
 /* tensor_mem.c: the device memory of tensor id, whoever owns it: the
  * client's budgeted allocator (may_evict as cap__alloc_for), or the

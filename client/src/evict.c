@@ -159,10 +159,18 @@ static bool evict_window(cap_client_t *c, uint64_t bytes, bool in_region) {
 void cap__note_peak(cap_client_t *c) {
   uint64_t used = cap__dev_in_use(c->dev);
   atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
-  if (used > c->it.peak_bytes)
+  if (used > c->it.peak_bytes) {
     c->it.peak_bytes = used;
+    c->it.peak_op = c->op_seq;
+  }
   if (used > atomic_load_explicit(&c->ctr.peak_bytes, memory_order_relaxed))
     atomic_store_explicit(&c->ctr.peak_bytes, used, memory_order_relaxed);
+}
+
+void cap__note_over(cap_client_t *c) {
+  cap__note_peak(c);
+  if (c->budget_bytes && cap__dev_in_use(c->dev) > c->budget_bytes)
+    c->it.over_budget_allocs++;
 }
 
 int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict) {

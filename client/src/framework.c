@@ -51,7 +51,7 @@ static void adopt(cap_client_t *c, uint32_t id, void *dev) {
   t->lent = cap__dev_owns(c->dev, dev);
   if (!t->lent)
     cap__dev_track_framework(c->dev, t->bytes ? t->bytes : 1, true);
-  cap__note_peak(c);
+  cap__note_over(c);
   if (!t->persistent)
     c->adopted_since_op += t->bytes;
 }

@@ -70,7 +70,7 @@ int cap__tmem_alloc_as(cap_client_t *c, uint32_t id, cap_residency_kind_t kind,
   t->lent = cap__dev_owns(c->dev, dev);
   if (!t->lent)
     cap__dev_track_framework(c->dev, bytes, true);
-  cap__note_peak(c);
+  cap__note_over(c);
   *p = dev;
   return 0;
 }

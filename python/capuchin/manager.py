@@ -260,28 +260,32 @@ class Manager:
 
     def report(self):
         """The per-iteration table."""
-        cols = ("iter", "mode", "time_ms", "peak_MiB", "budget_MiB", "out_MiB",
-                "in_MiB", "evict", "w_out", "recomp", "stalls", "fallb", "verify_bad", "note")
+        # at_op: the op at the tracked peak; over: allocations PyTorch made
+        # that left the tracked bytes above the budget
+        cols = ("iter", "mode", "time_ms", "peak_MiB", "at_op", "budget_MiB", "out_MiB",
+                "in_MiB", "evict", "w_out", "recomp", "stalls", "fallb", "over",
+                "verify_bad", "note")
         # On CUDA, PyTorch's own peak of each step next to the tracked one
         # (_note_cuda_peak); "-" for a step it did not measure (the probe).
         cuda = any("cuda_peak_bytes" in it for it in self.iterations)
         if cuda:
-            cols = cols[:5] + ("cuda_MiB",) + cols[5:]
+            cols = cols[:6] + ("cuda_MiB",) + cols[6:]
         rows = [cols]
         for it in self.iterations:
             row = (str(it["iteration"]), it["mode"],
                    "%.1f" % (it["time_ns"] / 1e6),
-                   "%.2f" % (it["peak_bytes"] / 2**20),
+                   "%.2f" % (it["peak_bytes"] / 2**20), str(it.get("peak_op", "-")),
                    "%.2f" % (self.budget_bytes / 2**20) if self.budget_bytes else "-",
                    "%.2f" % (it.get("bytes_out", 0) / 2**20),
                    "%.2f" % (it.get("bytes_in", 0) / 2**20),
                    str(it.get("evictions", 0)), str(it.get("weights_out", 0)),
                    str(it.get("recomputed_ops", 0)),
                    str(it.get("stalls", 0)), str(it.get("fallbacks", 0)),
+                   str(it.get("over_budget_allocs", 0)),
                    str(it.get("verify_mismatches", 0)), it.get("note", ""))
             if cuda:
                 peak = it.get("cuda_peak_bytes")
-                row = row[:5] + ("-" if peak is None else "%.2f" % (peak / 2**20),) + row[5:]
+                row = row[:6] + ("-" if peak is None else "%.2f" % (peak / 2**20),) + row[6:]
             rows.append(row)
         w = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
         out = []

@@ -417,7 +417,7 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
   cap_py_op_path_end(self, s.mode);
   return Py_BuildValue(
       "{s:I,s:s,s:L,s:K,s:K,s:K,s:I,s:I,s:I,s:L,s:I,s:I,s:I,s:s,s:I,s:s,s:I,"
-      "s:I}",
+      "s:I,s:I,s:I}",
       "iteration", s.iteration, "mode", cap_client_mode_name(s.mode), "time_ns",
       (long long)s.time_ns, "peak_bytes", (unsigned long long)s.peak_bytes,
       "bytes_out", (unsigned long long)s.bytes_out, "bytes_in",
@@ -426,7 +426,8 @@ static PyObject *Client_end(ClientObject *self, PyObject *unused) {
       (long long)s.stall_ns, "plan_version", s.plan_version, "fallbacks",
       s.fallbacks, "op_errors", s.op_errors, "first_error", s.first_error,
       "refused_actions", s.refused_actions, "plan_note", s.plan_note,
-      "placed_allocs", s.placed_allocs, "placement_misses", s.placement_misses);
+      "placed_allocs", s.placed_allocs, "placement_misses", s.placement_misses,
+      "peak_op", s.peak_op, "over_budget_allocs", s.over_budget_allocs);
 }
 
 static PyObject *Client_stats(ClientObject *self, PyObject *unused) {

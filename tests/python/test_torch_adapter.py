@@ -123,9 +123,11 @@ def scenario_budgets(model_name):
         # tracked bytes keep to the budget itself.
         for it in guided:
             peak = it["peak_bytes"]
-            check("%s: iteration %d tracked peak %d <= budget %d" % (
-                label, it["iteration"], peak, mgr.budget_bytes),
-                peak <= mgr.budget_bytes)
+            check("%s: iteration %d tracked peak %d <= budget %d (at op %d; "
+                  "allocations over it: %d)" % (
+                      label, it["iteration"], peak, mgr.budget_bytes, it["peak_op"],
+                      it["over_budget_allocs"]),
+                  peak <= mgr.budget_bytes and it["over_budget_allocs"] == 0)
             # The MLP's NumPy-shared gradients: no plan action on them.
             if model_name == "mlp":
                 check("%s: iteration %d: no fallback" % (label, it["iteration"]),

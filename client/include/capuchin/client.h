@@ -206,6 +206,13 @@ typedef struct cap_iter_stats {
    * instead). */
   uint32_t placed_allocs;
   uint32_t placement_misses;
+  /* Where the peak was: the op (seq) running or about to run when the bytes
+   * in use last rose to peak_bytes. */
+  uint32_t peak_op;
+  /* Allocations the framework made regardless of the budget (its op
+   * outputs, tensors it brought back: DESIGN.md model 2) that left the
+   * bytes in use above it. 0 in a guided iteration that keeps to its plan. */
+  uint32_t over_budget_allocs;
 } cap_iter_stats_t;
 
 /* End the iteration: report IterationEnd (and prefetch feedback in guided
