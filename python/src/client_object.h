@@ -116,6 +116,9 @@ long cap_py_storages_cached(PyObject *t);
 #define CAP_PY_ST_UNMANAGED (-2) /* not a strided storage */
 #define CAP_PY_ST_PYTHON (-3)    /* the Python side's: ask id_of */
 long cap_py_storages_id_of(ClientObject *self, PyObject *t);
+/* Whether tensor t is off the job's device (not its memory: unmanaged, as
+ * the Python path's _id_of has it): 1, 0, or -1 with an exception set. */
+int cap_py_storages_off_device(ClientObject *self, PyObject *t);
 /* Reports the frees due (at an op boundary: never from a callback). */
 void cap_py_storages_report_dead(ClientObject *self);
 /* The storages still alive leave the client (a step's end). */

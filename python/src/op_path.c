@@ -364,7 +364,16 @@ static int in_ids(ClientObject *self, PyObject *args, uint32_t *n) {
     PyObject *a = PyTuple_GET_ITEM(args, i);
     if (PyObject_TypeCheck(a, tt)) {
       long id = cached_id(self, a);
-      if (id < 0 || add_unique(self->ids, n, (uint32_t)id) < 0)
+      if (id < 0) {
+        /* Off the job's device (a CUDA job's CPU scalar): not its memory,
+         * as in the Python path, which new storages are left to. */
+        int off = cap_py_storages_off_device(self, a);
+        if (off > 0)
+          continue;
+        PyErr_Clear();
+        return 0;
+      }
+      if (add_unique(self->ids, n, (uint32_t)id) < 0)
         return 0;
     } else if (PyTuple_Check(a) || PyList_Check(a)) {
       /* a list of tensors (cat, stack): the Python path flattens it */

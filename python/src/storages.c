@@ -314,6 +314,15 @@ static int storage_nbytes(PyObject *t, uint64_t *nbytes) {
   return ok ? 0 : -1;
 }
 
+int cap_py_storages_off_device(ClientObject *self, PyObject *t) {
+  if (!self->device || self->device == Py_None)
+    return 0;
+  PyObject *d = PyObject_GetAttr(t, s_device);
+  int same = d ? PyObject_RichCompareBool(d, self->device, Py_EQ) : -1;
+  Py_XDECREF(d);
+  return same < 0 ? -1 : !same;
+}
+
 long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
   if (Py_TYPE(t)->tp_weaklistoffset == 0) /* no list to cache in */
     return CAP_PY_ST_PYTHON;
@@ -350,17 +359,9 @@ long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
     Py_DECREF(layout);
     if (!strided)
       return CAP_PY_ST_UNMANAGED;
-    /* as the Python path's _id_of: a tensor off the job's device is not
-     * its memory */
-    if (self->device && self->device != Py_None) {
-      PyObject *d = PyObject_GetAttr(t, s_device);
-      int same = d ? PyObject_RichCompareBool(d, self->device, Py_EQ) : -1;
-      Py_XDECREF(d);
-      if (same < 0)
-        return CAP_PY_ST_ERROR;
-      if (!same)
-        return CAP_PY_ST_UNMANAGED;
-    }
+    int off = cap_py_storages_off_device(self, t);
+    if (off)
+      return off < 0 ? CAP_PY_ST_ERROR : CAP_PY_ST_UNMANAGED;
   }
   /* The reference first, as making it may run the collector. */
   PyObject *args[2] = {t, on_dead};

@@ -3,7 +3,8 @@
 It is the first device off the CPU that the probe sees, the CPU where it
 sees none. A GPU job's step often starts on the CPU (the batch is moved to
 the GPU inside the step): the storages the probe took until then are not
-the job's memory, and are forgotten. No GPU is needed: a tensor subclass
+the job's memory, and are forgotten. After the probe, an op that reads a
+tensor off the job's device stays on the C per-op path. No GPU is needed: a tensor subclass
 says it is on cuda:0 (the probe only reads its device, address and size).
 Exits 77 where torch is missing.
 """
@@ -20,6 +21,9 @@ import capuchin
 
 
 class OnGpu(torch.Tensor):
+    # results stay plain tensors (no conversion to the subclass)
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
     @property
     def device(self):
         return torch.device("cuda", 0)
@@ -31,7 +35,7 @@ def check(cond, what):
         raise SystemExit(1)
 
 
-def main():
+def test_probe_takes_first_device_off_cpu():
     batch = torch.ones(16)                           # 64 bytes, on the CPU
     weight = torch.ones(64).as_subclass(OnGpu)       # 256 bytes, "on the GPU"
     mgr = capuchin.Manager(budget="100%", no_daemon=True)
@@ -54,5 +58,38 @@ def main():
     mgr.close()
 
 
+def test_off_device_input_keeps_c_path():
+    """After the probe, an op reading a tensor off the job's device (a CUDA
+    job's CPU scalar) stays on the C per-op path: that tensor is not the
+    job's memory, and the Python path (Manager._dispatch) would only say so
+    more slowly."""
+    calls = []
+    slow = capuchin.Manager._dispatch
+
+    def counted(self, func, args, kwargs):
+        calls.append(str(func))
+        return slow(self, func, args, kwargs)
+
+    capuchin.Manager._dispatch = counted
+    try:
+        x = torch.ones(16)
+        other = torch.ones(16).as_subclass(OnGpu)  # "on the GPU": not this job's
+        mgr = capuchin.Manager(budget="100%", no_daemon=True)
+        with mgr.step():  # the probe: a CPU job
+            x.add_(1)
+        with mgr.step():
+            x.add_(1)  # the C path knows x now
+            before = len(calls)
+            y = x + other
+            on_c = len(calls) == before
+            check(on_c, "an op with an input off the job's device stays on the C path "
+                  "(Python path took: %r)" % calls[before:])
+            check(torch.equal(y, torch.full((16,), 4.0)), "and computes what it must")
+        mgr.close()
+    finally:
+        capuchin.Manager._dispatch = slow
+
+
 if __name__ == "__main__":
-    main()
+    test_probe_takes_first_device_off_cpu()
+    test_off_device_input_keeps_c_path()
