@@ -1,7 +1,7 @@
 # .deb packages (`cpack -G DEB` in the build folder), one per component:
 #   capuchind               the daemon, capuchin-query, capuchin-sim,
 #                           capuchin-replay, systemd units, config, man pages
-#   libcapuchin-client0     the shared library a training job loads
+#   libcapuchin-client1     the shared library a training job loads
 #   libcapuchin-client-dev  headers, the .so link, pkg-config, CMake package
 # Included last from the top CMakeLists.txt: CPack takes the install rules
 # as they stand when it is included.
@@ -42,7 +42,7 @@ set(CPACK_DEBIAN_DAEMON_PACKAGE_CONTROL_EXTRA
     ${CMAKE_CURRENT_LIST_DIR}/debian/conffiles
     ${CMAKE_CURRENT_LIST_DIR}/debian/postinst)
 
-set(CPACK_DEBIAN_LIBRARY_PACKAGE_NAME libcapuchin-client0)
+set(CPACK_DEBIAN_LIBRARY_PACKAGE_NAME libcapuchin-client1)
 set(CPACK_DEBIAN_LIBRARY_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_LIBRARY_PACKAGE_DEPENDS "libc6 (>= 2.36), libprotobuf-c1 (>= 1.4)")
 set(CPACK_COMPONENT_LIBRARY_DESCRIPTION
@@ -51,7 +51,7 @@ set(CPACK_DEBIAN_LIBRARY_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/debian/
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libcapuchin-client-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libcapuchin-client0 (= ${PROJECT_VERSION})")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libcapuchin-client1 (= ${PROJECT_VERSION})")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "Capuchin client library: development files\n The headers, pkg-config file (capuchin-client) and CMake package\n (find_package(Capuchin), target Capuchin::client) of libcapuchin-client.")
 

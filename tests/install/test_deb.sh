@@ -25,7 +25,7 @@ deb() { # package name -> its file
   [ -n "$f" ] || { echo "FAIL: no $1 package" >&2; return 1; }
   echo "$f"
 }
-daemon=$(deb capuchind) && lib=$(deb libcapuchin-client0) && dev=$(deb libcapuchin-client-dev) ||
+daemon=$(deb capuchind) && lib=$(deb libcapuchin-client1) && dev=$(deb libcapuchin-client-dev) ||
   exit 1
 
 files() { dpkg-deb -c "$1" | awk '{ print $6 }' | sed 's|^\./|/|; s|/$||' | grep -v '^/*$'; }
@@ -57,12 +57,12 @@ check "capuchind depends on libuv1, libsqlite3-0, libprotobuf-c1" \
   bash -c 'd=$(dpkg-deb -f "$0" Depends); [[ $d == *libuv1* && $d == *libsqlite3-0* && $d == *libprotobuf-c1* ]]' "$daemon"
 
 lib_files=$(files "$lib" | grep -v '/$' | grep -v '^/usr$\|^/usr/lib$\|^/usr/share' || true)
-check "libcapuchin-client0: the versioned library and its SONAME link only" \
+check "libcapuchin-client1: the versioned library and its SONAME link only" \
   test "$(echo "$lib_files" | sed 's|.*/||' | sort | tr '\n' ' ')" = \
-  "libcapuchin-client.so.0 libcapuchin-client.so.0.1.0 "
-check "libcapuchin-client0: ldconfig trigger" \
+  "libcapuchin-client.so.1 libcapuchin-client.so.1.0.0 "
+check "libcapuchin-client1: ldconfig trigger" \
   bash -c 'dpkg-deb -I "$0" triggers | grep -q ldconfig' "$lib"
-check "libcapuchin-client0: section libs" test "$(field "$lib" Section)" = libs
+check "libcapuchin-client1: section libs" test "$(field "$lib" Section)" = libs
 
 for h in client.h error.h extern.h framework.h framework_alloc.h types.h; do
   check "libcapuchin-client-dev: $h" has "$dev" "/usr/include/capuchin/$h"
@@ -76,6 +76,6 @@ check "libcapuchin-client-dev: CMake package" \
 check "libcapuchin-client-dev: CMake targets" \
   has "$dev" "/usr/lib/(.*/)?cmake/Capuchin/CapuchinTargets\.cmake"
 check "libcapuchin-client-dev depends on the library of its version" \
-  bash -c '[[ $(dpkg-deb -f "$0" Depends) == "libcapuchin-client0 (= $(dpkg-deb -f "$1" Version))" ]]' \
+  bash -c '[[ $(dpkg-deb -f "$0" Depends) == "libcapuchin-client1 (= $(dpkg-deb -f "$1" Version))" ]]' \
   "$dev" "$lib"
 exit $fail

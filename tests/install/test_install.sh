@@ -30,7 +30,7 @@ flags=(-std=c11 -Wall -Wextra -Werror -pedantic)
 prefix=$tmp/prefix
 "$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" ||
   { cat "$tmp/install.log"; exit 1; }
-libdir=$(dirname "$(find "$prefix" -name 'libcapuchin-client.so.0' | head -n 1)")
+libdir=$(dirname "$(find "$prefix" -name 'libcapuchin-client.so.1' | head -n 1)")
 echo "installed into $prefix (library in ${libdir#"$prefix"/})"
 
 for p in capuchind capuchin-query capuchin-sim capuchin-replay; do
@@ -44,8 +44,8 @@ check "systemd units run the installed daemon" \
   "$prefix/lib/systemd/system/capuchind.service"
 check "socket unit" test -f "$prefix/lib/systemd/system/capuchind.socket"
 check "config" test -f "$prefix/etc/capuchin/capuchind.conf"
-check "library is libcapuchin-client.so.0.x with its link" \
-  test -L "$libdir/libcapuchin-client.so" -a -L "$libdir/libcapuchin-client.so.0"
+check "library is libcapuchin-client.so.1 with its link" \
+  test -L "$libdir/libcapuchin-client.so" -a -L "$libdir/libcapuchin-client.so.1"
 check "no static or internal library installed" \
   test -z "$(find "$prefix" -name '*.a' -o -name 'libcap_*')"
 
@@ -84,7 +84,7 @@ check "consumer builds with find_package(Capuchin)" \
 for b in "$tmp/consumer-pc" "$tmp/consumer-cmake/consumer"; do
   [ -x "$b" ] || continue
   check "${b#"$tmp"/} loads the installed library" \
-    bash -c 'ldd "$0" | grep -q "libcapuchin-client.so.0 => $1/"' "$b" "$libdir"
+    bash -c 'ldd "$0" | grep -q "libcapuchin-client.so.1 => $1/"' "$b" "$libdir"
 done
 [ $fail -eq 0 ] || exit 1
 
@@ -106,7 +106,7 @@ if [ -n "${CAP_PYTHON:-}" ]; then
   check "python package installed (${pkg#"$prefix"/})" test -n "$pkg" -a -f "$pkg/__init__.py"
   if [ -n "$pkg" ]; then
     check "import capuchin._client from the prefix loads the prefix's library" \
-      bash -c 'ldd "$(ls "$1"/_client*.so)" | grep -q "libcapuchin-client.so.0 => $2/" &&
+      bash -c 'ldd "$(ls "$1"/_client*.so)" | grep -q "libcapuchin-client.so.1 => $2/" &&
                PYTHONPATH="$(dirname "$1")" "$0" -c "import capuchin._client as c; print(c.socket_path(\"/x\"))" |
                grep -qx /x' "$CAP_PYTHON" "$pkg" "$libdir"
     if "$CAP_PYTHON" -c "import torch" 2>/dev/null; then

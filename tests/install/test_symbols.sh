@@ -63,8 +63,8 @@ else
   echo "note: no libcap.so.2 found: the clash check against it did not run"
 fi
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-if [ "$soname" != libcapuchin-client.so.0 ]; then
-  echo "FAIL: SONAME '$soname', want libcapuchin-client.so.0"
+if [ "$soname" != libcapuchin-client.so.1 ]; then
+  echo "FAIL: SONAME '$soname', want libcapuchin-client.so.1"
   fail=1
 fi
 [ $fail -eq 0 ] && echo "ok: $n_exp symbols, all declared; SONAME $soname"
