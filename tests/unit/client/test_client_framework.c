@@ -562,6 +562,83 @@ static void test_framework_restore_keeps_room(void) {
   CHECK_EQ(f.n_live, 0);
 }
 
+/* The same room kept from a queued prefetch that starts between make_room
+ * and the op: a and b come back by prefetches triggered at op2 (a's copy
+ * first, b's queued behind it). Before op3, which writes d, make_room finds
+ * room for d (a and c in use, 3.5 tensors allowed); a poll then finds a's
+ * copy done and would start b's, which would leave d no room. b's prefetch
+ * must not start: b comes back at its access instead (op4, after the
+ * framework frees c and d). */
+static void test_framework_prefetch_keeps_room(void) {
+  cap_client_config_t cfg;
+  sim_fw_config(&cfg);
+  cfg.budget_bytes = 3 * N + N / 2;
+  /* 4 KiB: about 41 ms, so that b's prefetch is queued behind a's however
+   * late this thread runs */
+  cfg.sim_d2h_gbps = cfg.sim_h2d_gbps = 0.0001;
+  fake_fw_t f = {0};
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
+  static const char plan[] =
+      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
+      "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":{\"tensor\":2,\"access\":1}},"
+      "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
+      "\"prefetch_at\":{\"tensor\":2,\"access\":1}}]}";
+  for (int it = 0; it < 2; it++) {
+    if (it == 1)
+      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    uint32_t id[4]; /* a b c d */
+    for (uint32_t k = 0; k < 4; k++) {
+      if (k == 3) {
+        /* a's copy in ends (the poll below reaps it); make_room, then a
+         * poll as the adapter makes between ops */
+        nanosleep(&(struct timespec){0, 150000000}, NULL);
+        CHECK_EQ(cap_client_make_room(c), 1);
+        (void)cap_client_poll(c);
+      }
+      void *buf = fake_fw_new(&f, N);
+      REQUIRE(buf);
+      if (k < 3)
+        CHECK_EQ(cap_client_make_room(c), 1);
+      CHECK_EQ(cap_client_adopt(c, N, buf, &id[k]), 0);
+      uint32_t n_in = k == 3 ? 1 : 0; /* op3 reads a */
+      CHECK_EQ(cap_client_op_run(c, "aten::fill_", id, n_in, &id[k], 1, 1000),
+               0);
+      if (k == 1) /* a and b are out by op2 */
+        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+          nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    for (uint32_t k = 2; k < 4; k++) { /* the framework frees c and d */
+      void *q = cap_client_tensor_ptr(c, id[k]);
+      CHECK_EQ(cap_client_free(c, id[k]), 0);
+      fake_fw_drop(&f, q);
+    }
+    void *pb = NULL;
+    CHECK_EQ(cap_client_acquire(c, id[1], &pb), 0); /* op4 reads b */
+    CHECK_EQ(cap_client_op_run(c, "aten::sum", &id[1], 1, NULL, 0, 1000), 0);
+    cap_iter_stats_t st;
+    for (uint32_t k = 0; k < 2; k++) {
+      void *q = cap_client_tensor_ptr(c, id[k]);
+      CHECK_EQ(cap_client_free(c, id[k]), 0);
+      if (q)
+        fake_fw_drop(&f, q);
+    }
+    CHECK_EQ(cap_client_iteration_end(c, &st), 0);
+    if (it == 1) {
+      CHECK_EQ(st.evictions, 2u);
+      CHECK_EQ(st.over_budget_allocs, 0u);
+      CHECK(st.peak_bytes <= cfg.budget_bytes);
+      CHECK_EQ(f.allocs, 2u); /* a's prefetch, b at its access */
+    }
+    f.allocs = f.releases = 0;
+  }
+  cap_client_destroy(c);
+  CHECK_EQ(f.n_live, 0);
+}
+
 static void test_framework_make_room(void) { budget_and_host_cap(false); }
 static void test_framework_host_pool_cap(void) { budget_and_host_cap(true); }
 
@@ -574,6 +651,7 @@ int main(void) {
   RUN_TEST(test_framework_op_run_and_diverged);
   RUN_TEST(test_framework_make_room);
   RUN_TEST(test_framework_restore_keeps_room);
+  RUN_TEST(test_framework_prefetch_keeps_room);
   RUN_TEST(test_framework_persistent_evictable);
   RUN_TEST(test_framework_prefetch_queue);
   RUN_TEST(test_framework_host_pool_cap);
