@@ -617,8 +617,9 @@ int cap__alloc_for(cap_client_t *c, uint64_t bytes, void **p, bool may_evict);
  * iterations): on a cut, give device memory back down to it, evicting what
  * must go; then tell the reporter what is held (BudgetAck). */
 void cap__put_budget(cap_client_t *c, uint64_t budget);
-/* Record the device bytes in use now in the iteration's and job's peaks. */
-void cap__note_peak(cap_client_t *c);
+/* Record the device bytes in use now in the iteration's and job's peaks;
+ * returns them. */
+uint64_t cap__note_peak(cap_client_t *c);
 /* The same after an allocation the framework made regardless of the budget:
  * one that left the bytes in use above it is counted (over_budget_allocs). */
 void cap__note_over(cap_client_t *c);

@@ -156,7 +156,7 @@ static bool evict_window(cap_client_t *c, uint64_t bytes, bool in_region) {
 }
 
 /* Device bytes in use now, and the iteration's and the job's peaks. */
-void cap__note_peak(cap_client_t *c) {
+uint64_t cap__note_peak(cap_client_t *c) {
   uint64_t used = cap__dev_in_use(c->dev);
   atomic_store_explicit(&c->ctr.device_bytes, used, memory_order_relaxed);
   if (used > c->it.peak_bytes) {
@@ -165,11 +165,12 @@ void cap__note_peak(cap_client_t *c) {
   }
   if (used > atomic_load_explicit(&c->ctr.peak_bytes, memory_order_relaxed))
     atomic_store_explicit(&c->ctr.peak_bytes, used, memory_order_relaxed);
+  return used;
 }
 
 void cap__note_over(cap_client_t *c) {
-  cap__note_peak(c);
-  if (c->budget_bytes && cap__dev_in_use(c->dev) > c->budget_bytes)
+  uint64_t used = cap__note_peak(c);
+  if (c->budget_bytes && used > c->budget_bytes)
     c->it.over_budget_allocs++;
 }
 
