@@ -81,6 +81,20 @@ static cap_client_t *sim_fw_client(const cap_client_config_t *cfg,
   return c;
 }
 
+/* The framework frees tensor id: the client forgets it, and the framework
+ * drops its memory unless the client has it out (no pointer). */
+static void fw_free(cap_client_t *c, fake_fw_t *f, uint32_t id) {
+  void *q = cap_client_tensor_ptr(c, id);
+  CHECK_EQ(cap_client_free(c, id), 0);
+  fake_fw_drop(f, q); /* (NULL: none to drop) */
+}
+
+/* Poll until no copy of the client is in flight (10 s at most). */
+static void wait_copies(cap_client_t *c) {
+  for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
+    nanosleep(&(struct timespec){0, 100000}, NULL);
+}
+
 /* One iteration as a framework runs it: it allocates each output before
  * the op (adopting it), holds the storages of a, b and d as autograd
  * would, and frees them at the end unless the client still has them. With
@@ -277,8 +291,7 @@ static void test_framework_op_run_and_diverged(void) {
     CHECK(!cap_client_copying(c, pb));
     /* Poll until the swap-out has finished: then the framework has been
      * told it may drop a's memory, and a comes back through its allocator. */
-    for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
-      nanosleep(&(struct timespec){0, 100000}, NULL);
+    wait_copies(c);
     CHECK_EQ(cap_client_poll(c), 0);
     CHECK(!cap_client_copying(c, pa));
     CHECK_EQ(f.releases - rel0, it == 1 || it == 3 ? 1u : 0u);
@@ -290,12 +303,8 @@ static void test_framework_op_run_and_diverged(void) {
       memcpy(pb, p, N);
     CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
     cap_iter_stats_t st;
-    for (uint32_t id = 0; id < 2; id++) {
-      void *q = cap_client_tensor_ptr(c, id);
-      CHECK_EQ(cap_client_free(c, id), 0);
-      if (q)
-        fake_fw_drop(&f, q);
-    }
+    for (uint32_t id = 0; id < 2; id++)
+      fw_free(c, &f, id);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.plan_version, it == 0 ? 0u : 1u);
     bool guided = it == 1 || it == 3;
@@ -350,12 +359,8 @@ static void budget_and_host_cap(bool capped) {
     CHECK_EQ(cap_client_acquire(c, a, &p), 0);
     CHECK_EQ(cap_client_op_run(c, "aten::copy_", &a, 1, &b, 1, 1000), 0);
     cap_iter_stats_t st;
-    for (uint32_t id = 0; id < 2; id++) {
-      void *q = cap_client_tensor_ptr(c, id);
-      CHECK_EQ(cap_client_free(c, id), 0);
-      if (q)
-        fake_fw_drop(&f, q);
-    }
+    for (uint32_t id = 0; id < 2; id++)
+      fw_free(c, &f, id);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     if (it == 1) {
       CHECK_EQ(st.evictions, capped ? 0u : 1u);
@@ -407,8 +412,7 @@ static void test_framework_persistent_evictable(void) {
       CHECK_EQ(cap_client_adopt(c, N, o, &out[k]), 0);
       CHECK_EQ(cap_client_op_run(c, "aten::add", &w, 1, &out[k], 1, 1000), 0);
       if (k == 0) { /* the swap-out finishes: the weight's memory goes */
-        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
-          nanosleep(&(struct timespec){0, 100000}, NULL);
+        wait_copies(c);
         CHECK_EQ(cap_client_tensor_resident(c, w), it == 1 ? 0 : 1);
       }
     }
@@ -419,11 +423,8 @@ static void test_framework_persistent_evictable(void) {
       same &= b[i] == (uint8_t)(i * 13 + 5 + 1);
     CHECK(same);
     cap_iter_stats_t st;
-    for (uint32_t k = 0; k < 2; k++) {
-      void *q = cap_client_tensor_ptr(c, out[k]);
-      CHECK_EQ(cap_client_free(c, out[k]), 0);
-      fake_fw_drop(&f, q);
-    }
+    for (uint32_t k = 0; k < 2; k++)
+      fw_free(c, &f, out[k]);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.evictions, it == 1 ? 1u : 0u);
     CHECK_EQ(st.fallbacks, 0u);
@@ -466,8 +467,7 @@ static void test_framework_prefetch_queue(void) {
       CHECK_EQ(cap_client_adopt(c, N, buf[k], &id[k]), 0);
       CHECK_EQ(cap_client_op_run(c, "aten::fill_", NULL, 0, &id[k], 1, 1000), 0);
       if (k == 1) /* a and b are out by c's access */
-        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
-          nanosleep(&(struct timespec){0, 100000}, NULL);
+        wait_copies(c);
     }
     CHECK_EQ(f.allocs, it == 1 ? 1u : 0u); /* a's copy in; b's waits */
     for (int spin = 0; spin < 100000 && it == 1 && f.allocs < 2; spin++) {
@@ -483,11 +483,8 @@ static void test_framework_prefetch_queue(void) {
     CHECK_EQ(cap_client_adopt(c, N, buf[3], &id[3]), 0);
     CHECK_EQ(cap_client_op_run(c, "aten::add", id, 2, &id[3], 1, 1000), 0);
     cap_iter_stats_t st;
-    for (uint32_t k = 0; k < 4; k++) {
-      void *q = cap_client_tensor_ptr(c, id[k]);
-      CHECK_EQ(cap_client_free(c, id[k]), 0);
-      fake_fw_drop(&f, q);
-    }
+    for (uint32_t k = 0; k < 4; k++)
+      fw_free(c, &f, id[k]);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     CHECK_EQ(st.bytes_in, it == 1 ? 2u * N : 0u);
     f.allocs = f.releases = 0;
@@ -540,12 +537,8 @@ static void test_framework_restore_keeps_room(void) {
     CHECK_EQ(cap_client_adopt(c, N, buf, &id[2]), 0);
     CHECK_EQ(cap_client_op_run(c, "aten::add", id, 1, &id[2], 1, 1000), 0);
     cap_iter_stats_t st;
-    for (uint32_t k = 0; k < 3; k++) {
-      void *q = cap_client_tensor_ptr(c, id[k]);
-      CHECK_EQ(cap_client_free(c, id[k]), 0);
-      if (q)
-        fake_fw_drop(&f, q);
-    }
+    for (uint32_t k = 0; k < 3; k++)
+      fw_free(c, &f, id[k]);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     if (it == 1) {
       CHECK_EQ(st.evictions, 2u);
@@ -608,24 +601,16 @@ static void test_framework_prefetch_keeps_room(void) {
       CHECK_EQ(cap_client_op_run(c, "aten::fill_", id, n_in, &id[k], 1, 1000),
                0);
       if (k == 1) /* a and b are out by op2 */
-        for (int spin = 0; spin < 100000 && cap_client_poll(c) > 0; spin++)
-          nanosleep(&(struct timespec){0, 100000}, NULL);
+        wait_copies(c);
     }
-    for (uint32_t k = 2; k < 4; k++) { /* the framework frees c and d */
-      void *q = cap_client_tensor_ptr(c, id[k]);
-      CHECK_EQ(cap_client_free(c, id[k]), 0);
-      fake_fw_drop(&f, q);
-    }
+    for (uint32_t k = 2; k < 4; k++) /* the framework frees c and d */
+      fw_free(c, &f, id[k]);
     void *pb = NULL;
     CHECK_EQ(cap_client_acquire(c, id[1], &pb), 0); /* op4 reads b */
     CHECK_EQ(cap_client_op_run(c, "aten::sum", &id[1], 1, NULL, 0, 1000), 0);
     cap_iter_stats_t st;
-    for (uint32_t k = 0; k < 2; k++) {
-      void *q = cap_client_tensor_ptr(c, id[k]);
-      CHECK_EQ(cap_client_free(c, id[k]), 0);
-      if (q)
-        fake_fw_drop(&f, q);
-    }
+    for (uint32_t k = 0; k < 2; k++)
+      fw_free(c, &f, id[k]);
     CHECK_EQ(cap_client_iteration_end(c, &st), 0);
     if (it == 1) {
       CHECK_EQ(st.evictions, 2u);
