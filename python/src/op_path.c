@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static PyObject *s_cap_st, *s_cap_dp, *s_data_ptr, *s_ptr, *s_ident, *s_id;
 static PyObject *empty_args;
@@ -98,15 +99,36 @@ static int sig_matches(const op_sig_t *s, uint32_t seq, const char *name,
          !memcmp(s->ids + o->off + n_in, out, n_out * sizeof *out);
 }
 
-static void print_op(const char *name, const uint32_t *in, uint32_t n_in,
-                     const uint32_t *out, uint32_t n_out) {
-  fprintf(stderr, "%s(", name);
+static void print_op(FILE *f, const char *name, const uint32_t *in,
+                     uint32_t n_in, const uint32_t *out, uint32_t n_out) {
+  fprintf(f, "%s(", name);
   for (uint32_t i = 0; i < n_in; i++)
-    fprintf(stderr, "%s%u", i ? " " : "", in[i]);
-  fprintf(stderr, " ->");
+    fprintf(f, "%s%u", i ? " " : "", in[i]);
+  fprintf(f, " ->");
   for (uint32_t i = 0; i < n_out; i++)
-    fprintf(stderr, " %u", out[i]);
-  fprintf(stderr, ")");
+    fprintf(f, " %u", out[i]);
+  fprintf(f, ")");
+}
+
+/* CAPUCHIN_DEBUG_OPS=PREFIX: every op reported, and every iteration's
+ * beginning, in PREFIX.PID, for reading a run's op sequences side by side
+ * afterwards (a guided step that leaves its plan on a machine one cannot
+ * log in to). NULL when unset or unwritable. */
+static FILE *ops_log(void) {
+  static FILE *f;
+  static int opened;
+  if (!opened) {
+    opened = 1;
+    const char *prefix = getenv("CAPUCHIN_DEBUG_OPS");
+    if (prefix && *prefix) {
+      char path[4096];
+      snprintf(path, sizeof path, "%s.%ld", prefix, (long)getpid());
+      f = fopen(path, "w");
+      if (f) /* line by line: the run may end in a crash */
+        setvbuf(f, NULL, _IOLBF, 0);
+    }
+  }
+  return f;
 }
 
 /* CAPUCHIN_DEBUG: which op left the plan's sequence, and how (name, ids,
@@ -115,12 +137,12 @@ static void print_divergence(const op_sig_t *s, uint32_t seq, const char *name,
                              const uint32_t *in, uint32_t n_in,
                              const uint32_t *out, uint32_t n_out) {
   fprintf(stderr, "capuchin: diverged at op %u: ran ", seq);
-  print_op(name, in, n_in, out, n_out);
+  print_op(stderr, name, in, n_in, out, n_out);
   if (seq < s->n_ops) {
     const op_sig_op_t *o = &s->ops[seq];
     fprintf(stderr, ", the plan's ");
-    print_op(o->name, s->ids + o->off, o->n_in, s->ids + o->off + o->n_in,
-             o->n_out);
+    print_op(stderr, o->name, s->ids + o->off, o->n_in,
+             s->ids + o->off + o->n_in, o->n_out);
     if (o->name != name && !strcmp(o->name, name))
       fprintf(stderr, " (the same name, another string)");
   } else {
@@ -135,6 +157,9 @@ void cap_py_op_path_begin(ClientObject *self, cap_mode_t mode) {
   self->diverged_at = -1;
   self->cur_ok = 1;
   sig_reset(&self->cur);
+  FILE *log = ops_log();
+  if (log)
+    fprintf(log, "begin %s\n", cap_client_mode_name(mode));
 }
 
 void cap_py_op_path_end(ClientObject *self, cap_mode_t mode) {
@@ -171,10 +196,16 @@ void cap_py_op_path_clear(ClientObject *self) {
  * A guided iteration that leaves the plan's op sequence stops the plan
  * (cap_client_diverged) before the op is reported. 0, or -1 with
  * capuchin._client.Error set. */
-static int report(ClientObject *self, const char *name, uint32_t n_in,
-                  uint32_t n_out, int64_t dur_ns) {
+static int report(ClientObject *self, char path, const char *name,
+                  uint32_t n_in, uint32_t n_out, int64_t dur_ns) {
   const uint32_t *in = self->ids, *out = self->ids + MAX_IDS;
   uint32_t seq = self->op_seq++;
+  FILE *log = ops_log();
+  if (log) { /* path: C, or P for the Python path */
+    fprintf(log, "%u %c %lld ", seq, path, (long long)dur_ns);
+    print_op(log, name, in, n_in, out, n_out);
+    fputc('\n', log);
+  }
   if (self->mode == CAP_MODE_MEASURED && self->cur_ok &&
       sig_add(&self->cur, name, in, n_in, out, n_out) < 0)
     self->cur_ok = 0; /* out of memory: no plan signature from it */
@@ -216,7 +247,7 @@ static PyObject *Client_op(ClientObject *self, PyObject *const *args,
   long long dur = PyLong_AsLongLong(args[3]);
   if (dur == -1 && PyErr_Occurred())
     return NULL;
-  if (report(self, name, n_in, n_out, dur) < 0)
+  if (report(self, 'P', name, n_in, n_out, dur) < 0)
     return NULL;
   Py_RETURN_NONE;
 }
@@ -505,7 +536,7 @@ static PyObject *Client_dispatch(ClientObject *self, PyObject *const *a,
     return NULL;
   uint32_t n_out = 0;
   if (out_ids(self, out, &n_out, 0) < 0 ||
-      report(self, name, n_in, n_out, dur) < 0)
+      report(self, 'C', name, n_in, n_out, dur) < 0)
     return report_failed(self, out);
   return out;
 }
