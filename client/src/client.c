@@ -321,7 +321,10 @@ int cap_client_free(cap_client_t *c, uint32_t id) {
   if (c->in_iter && !c->log_failed && cap__oplog_free(&c->log_cur, id) < 0)
     c->log_failed = true; /* no lineage from this iteration */
   if (c->recording && c->in_iter) {
-    int64_t t = cap__rec_time_ns(c, cap__now_ns(c->dev));
+    /* (On a device timeline the host's time since the last op is not on
+     * it: the free is at that op's end.) */
+    int64_t t = c->device_timeline ? c->rec_end_ns
+                                   : cap__rec_time_ns(c, cap__now_ns(c->dev));
     if (!cap__rec_free(c, id, t > c->rec_end_ns ? t : c->rec_end_ns))
       c->it.dropped_records++;
   }

@@ -474,6 +474,7 @@ struct cap_client {
   cap_framework_release_fn fw_release;
   void *fw_user;
   uint64_t adopted_since_op;   /* bytes adopted since the last op was run */
+  bool device_timeline;        /* cap_client_set_device_timeline */
   /* Placement under the framework's allocator (framework_alloc.c). */
   bool fw_placement;           /* cap_client_set_framework_placement */
   uint32_t fw_iter, fw_op;     /* the iteration and op seq fw_next_decl is

@@ -223,7 +223,21 @@ int cap_client_op_run(cap_client_t *c, const char *name, const uint32_t *in,
    * iteration did. */
   int64_t start = cap__now_ns(c->dev) - duration_ns;
   c->op_start_ns = start > c->iter_start_ns ? start : c->iter_start_ns;
+  if (c->device_timeline && c->recording) {
+    /* The host's time since the last op ended is not the device's: it
+     * goes out of the timeline as a host wait does (cap__rec_time_ns). */
+    int64_t gap = cap__rec_time_ns(c, c->op_start_ns) - c->rec_end_ns;
+    if (gap > 0)
+      c->host_wait_ns += gap;
+  }
   return cap__op_end(c);
+}
+
+int cap_client_set_device_timeline(cap_client_t *c, bool on) {
+  if (!c)
+    return CAP_EINVAL;
+  c->device_timeline = on;
+  return 0;
 }
 
 int cap_client_diverged(cap_client_t *c) {

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - torch < 1.13
     TorchDispatchMode = None
 
 from . import _client, _placement
+from ._optimer import OpTimer
 from ._saved import SavedTensors
 from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
                        storage_resizable, view_on)
@@ -46,6 +47,9 @@ from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_
 # The most guided steps in a row that leave the plan's op sequence before
 # the job is measured again (the count starts at 2 and doubles).
 REMEASURE_MAX = 1024
+# The most times guided steps over the budget on CUDA make the plans leave
+# more room for memory the adapter does not see (Manager._learn_hidden).
+REBUDGET_MAX = 3
 
 _RNG_WORDS = ("bernoulli", "dropout", "rand", "normal", "uniform", "exponential",
               "multinomial", "poisson", "geometric", "cauchy", "log_normal")
@@ -202,6 +206,7 @@ class Manager:
         self.iterations = []        # one dict per step (report())
         self.client = None
         self.device = None
+        self._op_timer = None       # a measured op's device time (cuda)
         self._step_no = 0
         self._in_step = False
         self._internal_ = False     # the adapter's own tensor ops: not reported
@@ -224,6 +229,10 @@ class Manager:
                                     # was planned from (measure again)
         self._guided = False
         self._mode = "probe"
+        self.hidden_bytes = 0       # CUDA memory the adapter does not see
+                                    # that guided steps needed (_learn_hidden)
+        self._rebudgets = 0
+        self._rebudget = False      # measure again under the budget less it
         self._live_bytes = 0
         self._peak_bytes = 0
         self._saved = SavedTensors(self)
@@ -294,6 +303,9 @@ class Manager:
         head = ("capuchin: job %s, budget %s = %d bytes (persistent %d, activation "
                 "peak %d)" % (self.job or "-", self._budget_text(), self.budget_bytes,
                               self.persistent_bytes, self.activation_peak_bytes))
+        if self.hidden_bytes:
+            head += ("; plans keep %d bytes free for memory the adapter does not "
+                     "see" % self.hidden_bytes)
         return head + "\n" + "\n".join(out)
 
     def close(self):
@@ -330,13 +342,13 @@ class Manager:
             self._mode = "probe"
             return
         diverged = self._diverged_run >= self._remeasure_after
-        if diverged or self._marks_unplanned:
+        if diverged or self._marks_unplanned or self._rebudget:
             self._remeasure(diverged)
             if self.client is None:
                 return
         self._flush_frees()
         if self._cuda_stats():
-            torch.cuda.reset_peak_memory_stats(self.device)
+            self._reset_cuda_peak()
         self._mode = self.client.begin()
         self._guided = self._mode == "guided"
         self._sync_op_path()
@@ -389,6 +401,9 @@ class Manager:
         st["iteration"] = self._step_no
         st["weights_out"] = self._weights_out
         self._note_cuda_peak(st)
+        if (self._guided and not self._diverged and st.get("cuda_within_budget") is False
+                and self._rebudgets < REBUDGET_MAX):
+            self._learn_hidden(st["cuda_peak_bytes"] - self.budget_bytes)
         if st.get("cuda_within_budget") is False:
             st["note"] = "; ".join(n for n in (st["note"], "CUDA peak over the budget") if n)
         self.iterations.append(st)
@@ -419,9 +434,35 @@ class Manager:
         workspace too. Not on CPU, whose allocator keeps no such count."""
         if not self._cuda_stats():
             return
-        peak = torch.cuda.max_memory_allocated(self.device)
+        peak = self._cuda_peak()
         st["cuda_peak_bytes"] = peak
         st["cuda_within_budget"] = peak <= self.budget_bytes
+
+    def _cuda_peak(self):
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def _reset_cuda_peak(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _learn_hidden(self, over):
+        """A guided step went over the budget by `over` bytes that the
+        adapter does not see (kernels' workspaces, tensors made before the
+        step): the client's budget leaves that much more room for them
+        (and a twentieth more), and the job is measured again under it."""
+        self.hidden_bytes += over + over // 20 + 1
+        self._rebudgets += 1
+        self._rebudget = True
+        self.warn_once("hidden", (
+            "a guided step's CUDA peak was %d bytes over the budget (memory "
+            "the adapter does not see: workspaces, tensors made before the "
+            "step): the plan keeps %d bytes free for it from the next step, "
+            "which is measured again") % (over, self.hidden_bytes))
+
+    def _client_budget(self):
+        """The budget the plans keep to: the job's, less the memory learnt
+        to be beyond the adapter's sight (_learn_hidden); never below the
+        persistent bytes (the daemon then says what the floor is)."""
+        return max(self.budget_bytes - self.hidden_bytes, self.persistent_bytes)
 
     def _new_client(self):
         stream = 0
@@ -431,13 +472,20 @@ class Manager:
             stream = torch.cuda.current_stream(self.device).cuda_stream
         try:
             client = _client.Client(
-                job=self.job, budget=self.budget_bytes, socket=self.socket,
+                job=self.job, budget=self._client_budget(), socket=self.socket,
                 no_daemon=self.no_daemon, backend=backend,
                 connect_timeout_ms=self.connect_timeout_ms,
                 host_pool_bytes=self.host_pool_bytes, alloc=self._saved.alloc,
                 release=self._saved.release, recompute=self._recompute,
                 compute_stream=stream, sim_gbps=self.sim_gbps,
                 host_pool_cap=self.host_pool_cap)
+            # A GPU's measured step times each op on the device: the
+            # profile is the device's timeline, without the host's time
+            # between ops (so is the CPU's stand-in for that path).
+            if backend == "cuda":
+                self._op_timer = OpTimer(self.device)
+            if backend == "cuda" or self._measure_in_python:
+                client.set_device_timeline(True)
             if self.placement and backend == "cuda":
                 _placement.place(client, self.device)
             elif self.placement:
@@ -486,6 +534,7 @@ class Manager:
             self._remeasure_after = after
         self._diverged_run = 0
         self._marks_unplanned = False
+        self._rebudget = False
         self.remeasured += 1
 
     def _adopt_weight(self, nbytes, t):
@@ -815,19 +864,16 @@ class Manager:
             info = _FUNC_INFO[func] = (name, any(w in name for w in _RNG_WORDS))
         name = info[0]
         rng = self._rng_state() if info[1] and record else None
-        # A measured op's time on a GPU is its kernels': the host waits for
-        # them (only in the measured step; the others are not timed).
-        sync = (self._mode == "measured" and self.device is not None and
-                self.device.type == "cuda")
-        if sync:
-            torch.cuda.synchronize(self.device)
+        # A measured op's time on a GPU is its kernels' there (_optimer.py;
+        # only in the measured step: the others are not timed).
+        timer = self._op_timer if self._mode == "measured" and self._on_cuda() else None
+        if timer is not None:
+            timer.before()
         t0 = time.perf_counter_ns()
         out = _run(func, args, kwargs)
         self._op_ran = True
         self._op_out = out
-        if sync:
-            torch.cuda.synchronize(self.device)
-        dur = time.perf_counter_ns() - t0
+        dur = timer.after() if timer is not None else time.perf_counter_ns() - t0
         out_ids = []
         out_pos = []
         outs = (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]

@@ -360,6 +360,17 @@ static PyObject *Client_set_evictable(ClientObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *Client_set_device_timeline(ClientObject *self,
+                                            PyObject *args) {
+  int on;
+  if (check_open(self) < 0 || !PyArg_ParseTuple(args, "p", &on))
+    return NULL;
+  int rc = cap_client_set_device_timeline(self->c, on);
+  if (rc < 0)
+    return cap_py_raise_rc(self, rc);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Client_make_room(ClientObject *self, PyObject *unused) {
   if (check_open(self) < 0)
     return NULL;
@@ -485,10 +496,16 @@ static PyMethodDef Client_methods[] = {
      "poll() -> copies still running (finished ones are released)"},
     {"resident", (PyCFunction)Client_resident, METH_O, "resident(id) -> bool"},
     {"copying", (PyCFunction)Client_copying, METH_O,
-     "copying(address) -> bool: a copy still uses that memory (release to come)"},
+     "copying(address) -> bool: a copy still uses that memory (release to "
+     "come)"},
     {"set_evictable", (PyCFunction)Client_set_evictable, METH_VARARGS,
      "set_evictable(id, bool): the adapter can give up and take back the "
      "memory of persistent tensor id (capuchin/framework.h)"},
+    {"set_device_timeline", (PyCFunction)Client_set_device_timeline,
+     METH_VARARGS,
+     "set_device_timeline(bool): op durations are device times; the host's "
+     "time between ops stays out of the measured timeline "
+     "(capuchin/framework.h)"},
     {"make_room", (PyCFunction)Client_make_room, METH_NOARGS,
      "make_room() -> bool: wait for swap-outs while over the budget"},
     {"begin", (PyCFunction)Client_begin, METH_NOARGS,

@@ -59,7 +59,7 @@ check "capuchind depends on libuv1, libsqlite3-0, libprotobuf-c1" \
 lib_files=$(files "$lib" | grep -v '/$' | grep -v '^/usr$\|^/usr/lib$\|^/usr/share' || true)
 check "libcapuchin-client1: the versioned library and its SONAME link only" \
   test "$(echo "$lib_files" | sed 's|.*/||' | sort | tr '\n' ' ')" = \
-  "libcapuchin-client.so.1 libcapuchin-client.so.1.0.0 "
+  "libcapuchin-client.so.1 libcapuchin-client.so.1.1.0 "
 check "libcapuchin-client1: ldconfig trigger" \
   bash -c 'dpkg-deb -I "$0" triggers | grep -q ldconfig' "$lib"
 check "libcapuchin-client1: section libs" test "$(field "$lib" Section)" = libs

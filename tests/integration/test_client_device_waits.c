@@ -11,12 +11,21 @@
  * iteration notes such a device wait of 50 ms between two 2 ms ops, and a
  * host wait of 5 ms inside an op that took no such time; the daemon must
  * take the iteration and send a plan, and both waits count as stalls.
+ *
+ * The second test is the framework's device timeline
+ * (cap_client_set_device_timeline): a GPU job's adapter times each op on
+ * the device and spends host time between ops that the device does not
+ * (the first GPU runs recorded ResNet-50's 60 ms step as 155 ms, and the
+ * plans counted on that time to hide copies). With it on, the stored
+ * profile's ops lie end to end, the host's time between them left out.
  */
 #include <sqlite3.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "cap_test.h"
 #include "capuchin/client.h"
+#include "capuchin/framework.h"
 #include "client_impl.h" /* cap__note_wait: the waits a device backend notes */
 #include "testclient.h"
 
@@ -112,7 +121,91 @@ static void test_device_waits_keep_the_timeline(void) {
   CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
 }
 
+/* Framework memory for the sim backend: plain host memory. */
+static int fw_alloc(void *user, uint32_t id, uint64_t bytes, void **dev) {
+  (void)user, (void)id;
+  *dev = malloc(bytes);
+  return *dev ? 0 : -1;
+}
+
+static void fw_release(void *user, uint32_t id, void *dev, uint64_t bytes) {
+  (void)user, (void)id, (void)bytes;
+  free(dev);
+}
+
+/* A framework job whose measured iteration runs 4 ops of 2 ms (device
+ * time, as the adapter reports it), each after 20 ms of host time, and
+ * frees each op's input after it; device_timeline as given. The stored
+ * profile's op times (ns) in start[] and end[]. */
+static void framework_job(bool device_timeline, int64_t start[4],
+                          int64_t end[4]) {
+  tc_daemon_t d;
+  REQUIRE(tc_daemon_start(&d, NULL, NULL) == 0);
+  cap_client_config_t cfg;
+  cap_client_config_init(&cfg);
+  cfg.backend = "sim";
+  cfg.socket_path = d.sock;
+  cfg.job_name = device_timeline ? "device-timeline" : "host-timeline";
+  cfg.budget_bytes = 64 * MIB;
+  cfg.connect_timeout_ms = 10000;
+  cfg.framework_memory = true;
+  cap_client_t *c = NULL;
+  REQUIRE(cap_client_create(&cfg, &c) == 0);
+  REQUIRE(cap_client_set_framework_memory(c, fw_alloc, fw_release, NULL) == 0);
+  CHECK_EQ(cap_client_set_device_timeline(NULL, true), CAP_EINVAL);
+  CHECK_EQ(cap_client_set_device_timeline(c, device_timeline), 0);
+  cap_client_stats_t st = {0};
+  for (int it = 0; it < 40 && !st.plan_version; it++) {
+    REQUIRE(cap_client_iteration_begin(c) == 0);
+    void *mem[5];
+    uint32_t t[5];
+    for (int i = 0; i < 5; i++) {
+      mem[i] = malloc(MIB);
+      REQUIRE(mem[i]);
+    }
+    CHECK_EQ(cap_client_adopt(c, MIB, mem[0], &t[0]), 0);
+    for (int i = 0; i < 4; i++) {
+      usleep(20000); /* the host's own work between ops */
+      CHECK_EQ(cap_client_adopt(c, MIB, mem[i + 1], &t[i + 1]), 0);
+      CHECK_EQ(cap_client_op_run(c, "aten.f", &t[i], 1, &t[i + 1], 1, 2 * MS),
+               0);
+      CHECK_EQ(cap_client_free(c, t[i]), 0);
+      free(mem[i]);
+    }
+    CHECK_EQ(cap_client_free(c, t[4]), 0);
+    free(mem[4]);
+    CHECK_EQ(cap_client_iteration_end(c, NULL), 0);
+    usleep(50000);
+    cap_client_get_stats(c, &st);
+  }
+  CHECK(st.plan_version > 0); /* the daemon took the measured iteration */
+  CHECK(!tc_daemon_log_contains(&d, "before the previous op"));
+  CHECK_EQ(stored_ops(d.db, start, end, 4), 4);
+  cap_client_destroy(c);
+  CHECK_EQ(tc_daemon_finish(&d, cap_test_failed_checks), 0);
+}
+
+static void test_device_timeline_leaves_host_time_out(void) {
+  int64_t start[4], end[4];
+  /* On: each op starts where the one before ended and lasts its 2 ms (a
+   * descheduled thread can add to it, never take from it; the host's
+   * 20 ms gaps would put the last op's end past 80 ms). */
+  framework_job(true, start, end);
+  CHECK(start[0] >= 0 && start[0] < 10 * MS);
+  for (int i = 0; i < 4; i++) {
+    CHECK(end[i] - start[i] >= 2 * MS);
+    if (i)
+      CHECK_EQ(start[i], end[i - 1]);
+  }
+  CHECK(end[3] - start[0] < 40 * MS);
+  /* Off: the host's clock, gaps included. */
+  framework_job(false, start, end);
+  for (int i = 1; i < 4; i++)
+    CHECK(start[i] - end[i - 1] >= 15 * MS);
+}
+
 int main(void) {
   RUN_TEST(test_device_waits_keep_the_timeline);
+  RUN_TEST(test_device_timeline_leaves_host_time_out);
   return TEST_SUMMARY();
 }

@@ -114,6 +114,18 @@ CAP_EXTERN int cap_client_op_run(cap_client_t *c, const char *name,
                                  const uint32_t *out, uint32_t n_out,
                                  int64_t duration_ns);
 
+/* How a measured iteration's ops reported by cap_client_op_run are laid on
+ * its recorded timeline. Off (the default): on the host's clock, the time
+ * between two ops included. On: on the device's, for a framework whose ops
+ * run asynchronously on a GPU and that measures each op's time there
+ * (synchronising around it) for duration_ns: each op starts where the op
+ * before it ended, and the host's time between ops (the framework's own
+ * work, the measuring) is left out of the timeline, as the client's host
+ * waits are; a tensor freed between two ops is freed at the first one's
+ * end. A GPU job's host runs ahead of its device, so its device's timeline
+ * is the one copies overlap. CAP_EINVAL without a client. */
+CAP_EXTERN int cap_client_set_device_timeline(cap_client_t *c, bool on);
+
 /* The framework found that this iteration no longer follows the one the
  * plan was made for (other shapes, other ops): the plan stops for the rest
  * of the iteration (no more evictions or prefetches; what is already out
