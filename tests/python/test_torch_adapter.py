@@ -342,7 +342,7 @@ def scenario_hidden(model_name):
           its[2].get("cuda_within_budget") is False)
     over = its[2]["cuda_peak_bytes"] - mgr.budget_bytes
     check("hidden: %d bytes kept free for the %d step 3 went over" % (mgr.hidden_bytes, over),
-          over <= mgr.hidden_bytes <= 2 * over)
+          over <= mgr.hidden_bytes <= over + max(over // 10, mgr.budget_bytes // 50))
     for it in its[4:]:
         check("hidden: step %d: peak %d with the workspace <= budget %d" % (
             it["iteration"], it["cuda_peak_bytes"], mgr.budget_bytes),
