@@ -403,7 +403,7 @@ class Manager:
         self._note_cuda_peak(st)
         if (self._guided and not self._diverged and st.get("cuda_within_budget") is False
                 and self._rebudgets < REBUDGET_MAX):
-            self._learn_hidden(st["cuda_peak_bytes"] - self.budget_bytes)
+            self._learn_hidden(st["cuda_peak_bytes"], st["peak_bytes"])
         if st.get("cuda_within_budget") is False:
             st["note"] = "; ".join(n for n in (st["note"], "CUDA peak over the budget") if n)
         self.iterations.append(st)
@@ -444,21 +444,25 @@ class Manager:
     def _reset_cuda_peak(self):
         torch.cuda.reset_peak_memory_stats(self.device)
 
-    def _learn_hidden(self, over):
-        """A guided step went over the budget by `over` bytes that the
+    def _learn_hidden(self, cuda_peak, tracked_peak):
+        """A guided step's CUDA peak went over the budget: memory the
         adapter does not see (kernels' workspaces, tensors made before the
-        step): the client's budget leaves that much more room for them
-        (and a margin: a twentieth more, at least a hundredth of the
-        budget, since that memory differs a little from step to step: on
-        an H200, ResNet-50's by 26 MiB of 3.4 GiB), and the job is measured
-        again under it."""
-        self.hidden_bytes += over + max(over // 20, self.budget_bytes // 100) + 1
+        step) was there besides the tracked bytes, at least cuda_peak -
+        tracked_peak of it at that moment. The client's budget leaves that
+        much free, or what went over on top of what it left already if that
+        is more, and a margin (a twentieth more, at least a hundredth of the
+        budget: that memory differs a little from step to step, on an H200
+        ResNet-50's by 26 MiB of 3.4 GiB); the job is measured again under
+        it."""
+        over = cuda_peak - self.budget_bytes
+        need = max(cuda_peak - tracked_peak, self.hidden_bytes + over)
+        self.hidden_bytes = need + max(need // 20, self.budget_bytes // 100) + 1
         self._rebudgets += 1
         self._rebudget = True
         self.warn_once("hidden", (
             "a guided step's CUDA peak was %d bytes over the budget (memory "
             "the adapter does not see: workspaces, tensors made before the "
-            "step): the plan keeps %d bytes free for it from the next step, "
+            "step): the plans keep %d bytes free for it from the next step, "
             "which is measured again") % (over, self.hidden_bytes))
 
     def _client_budget(self):
