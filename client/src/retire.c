@@ -93,13 +93,21 @@ cap__retire_t *cap__retire_of(cap_client_t *c, uint32_t tensor) {
   return NULL;
 }
 
-/* Wait on the host for pending copy i, finish it and drop it from the
- * queue; the wait counts as a stall. */
+/* Finish pending copy i in compute-stream order and drop it from the
+ * queue: the compute stream waits for the copy, and its memory goes back
+ * now. What reuses that memory runs on the compute stream after the wait
+ * (the framework's caching allocator is stream-ordered, the client's own
+ * allocations feed ops there, and every copy is ordered after what the
+ * compute stream has issued), so it cannot touch the memory before the
+ * copy is done; and the host does not wait. A host wait here would drain
+ * the lead a GPU job's host keeps over its device, each time the budget
+ * needs a swap-out's memory. Where compute is the host's (sim), the wait
+ * is the host's and counts as one. The wait is a stall. */
 static void wait_and_finish(cap_client_t *c, uint32_t i) {
   cap__retire_t *r = &c->retire[i];
   int64_t t0 = cap__now_ns(c->dev);
-  int st = cap__ev_sync(c->dev, r->ev);
-  cap__note_wait(c, cap__now_ns(c->dev) - t0, true);
+  int st = cap__ev_compute_wait(c->dev, r->ev);
+  cap__note_wait(c, cap__now_ns(c->dev) - t0, cap__dev_host_compute(c->dev));
   c->it.budget_waits++;
   cap__retire_finish(c, r, st < 0 ? st : 1);
   memmove(r, r + 1, (c->n_retire - i - 1) * sizeof *r);
