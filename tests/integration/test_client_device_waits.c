@@ -84,16 +84,22 @@ static int stored_ops(const char *db_path, int64_t start[], int64_t end[],
   return n;
 }
 
+/* A sim client's config for job `name` of daemon d. */
+static void sim_config(cap_client_config_t *cfg, const tc_daemon_t *d,
+                       const char *name) {
+  cap_client_config_init(cfg);
+  cfg->backend = "sim";
+  cfg->socket_path = d->sock;
+  cfg->job_name = name;
+  cfg->budget_bytes = 64 * MIB;
+  cfg->connect_timeout_ms = 10000;
+}
+
 static void test_device_waits_keep_the_timeline(void) {
   tc_daemon_t d;
   REQUIRE(tc_daemon_start(&d, NULL, NULL) == 0);
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.socket_path = d.sock;
-  cfg.job_name = "device-waits";
-  cfg.budget_bytes = 64 * MIB;
-  cfg.connect_timeout_ms = 10000;
+  sim_config(&cfg, &d, "device-waits");
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);
   uint32_t w = CAP_NONE;
@@ -142,12 +148,7 @@ static void framework_job(bool device_timeline, int64_t start[4],
   tc_daemon_t d;
   REQUIRE(tc_daemon_start(&d, NULL, NULL) == 0);
   cap_client_config_t cfg;
-  cap_client_config_init(&cfg);
-  cfg.backend = "sim";
-  cfg.socket_path = d.sock;
-  cfg.job_name = device_timeline ? "device-timeline" : "host-timeline";
-  cfg.budget_bytes = 64 * MIB;
-  cfg.connect_timeout_ms = 10000;
+  sim_config(&cfg, &d, device_timeline ? "device-timeline" : "host-timeline");
   cfg.framework_memory = true;
   cap_client_t *c = NULL;
   REQUIRE(cap_client_create(&cfg, &c) == 0);

@@ -190,6 +190,27 @@ def scenario_shapes(model_name):
           mgr.remeasured == 1 and its[5]["mode"] == "measured" and its[6]["mode"] == "guided")
 
 
+def train_warned(cls, model_name, what, steps, before_step=None, after_step=None):
+    """MODEL trained `steps` steps at 50 % under a Manager of class cls, with
+    before_step(i, mgr) called before step i and after_step(i) inside it, at
+    its end; the manager, each step's result and the warnings raised."""
+    import warnings
+    m, o, batches = build(model_name)
+    mgr = cls(budget="50%", job="%s-%s" % (model_name, what), plan_wait_s=20, verify=True,
+              socket=os.environ.get("CAPUCHIN_SOCKET"), sim_gbps=SIM_GBPS[model_name])
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            if before_step:
+                before_step(i, mgr)
+            with mgr.step():
+                got.append(train_step(m, o, *batches(i)))
+                if after_step:
+                    after_step(i)
+    return mgr, got, caught
+
+
 def scenario_diverging(model_name):
     """Every step runs one more op than the step before (at its end): no
     guided step follows its plan to the end. The job is measured again
@@ -198,23 +219,15 @@ def scenario_diverging(model_name):
     Capuchin."""
     steps = 24
     m, o, batches = build(model_name)
-    ref = []
-    for i in range(steps):
-        ref.append(train_step(m, o, *batches(i)))
-    m, o, batches = build(model_name)
-    mgr = capuchin.Manager(budget="50%", job=model_name + "-diverging", plan_wait_s=20,
-                           verify=True, socket=os.environ.get("CAPUCHIN_SOCKET"),
-                           sim_gbps=SIM_GBPS[model_name])
-    got = []
-    import warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for i in range(steps):
-            with mgr.step():
-                got.append(train_step(m, o, *batches(i)))
-                t = torch.ones(4)
-                for _ in range(i):
-                    t = t * 1
+    ref = [train_step(m, o, *batches(i)) for i in range(steps)]
+
+    def more_ops(i):
+        t = torch.ones(4)
+        for _ in range(i):
+            t = t * 1
+
+    mgr, got, caught = train_warned(capuchin.Manager, model_name, "diverging", steps,
+                                    after_step=more_ops)
     print(mgr.report(), flush=True)
     check_equal(model_name + " diverging", ref, got)
     its = mgr.iterations
@@ -318,19 +331,12 @@ def scenario_hidden(model_name):
     steps = 9
     m, o, batches = build(model_name)
     ref = [train_step(m, o, *batches(i)) for i in range(steps)]
-    m, o, batches = build(model_name)
-    mgr = WorkspaceOnCuda(budget="50%", job=model_name + "-hidden", plan_wait_s=20,
-                          verify=True, socket=os.environ.get("CAPUCHIN_SOCKET"),
-                          sim_gbps=SIM_GBPS[model_name])
-    got = []
-    import warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for i in range(steps):
-            if i == 1:  # after the probe: an eighth of the activation peak
-                mgr.workspace = mgr.activation_peak_bytes // 8
-            with mgr.step():
-                got.append(train_step(m, o, *batches(i)))
+    def workspace(i, mgr):
+        if i == 1:  # after the probe: an eighth of the activation peak
+            mgr.workspace = mgr.activation_peak_bytes // 8
+
+    mgr, got, caught = train_warned(WorkspaceOnCuda, model_name, "hidden", steps,
+                                    before_step=workspace)
     print(mgr.report(), flush=True)
     check_equal(model_name + " hidden", ref, got)
     its = mgr.iterations
