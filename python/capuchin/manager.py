@@ -416,6 +416,17 @@ class Manager:
         if st["mode"] == "measured" and self.plan_wait_s > 0:
             self.client.wait_plan(0, int(self.plan_wait_s * 1000))
 
+    @property
+    def steady(self):
+        """The job runs as it will from now on: the last step was guided by
+        a plan to its end, and no new measurement is due (after steps that
+        left their plan, a weight NumPy came to share, or memory PyTorch
+        uses beside the tracked tensors). A benchmark times from here."""
+        last = self.iterations[-1] if self.iterations else None
+        return (last is not None and last["mode"] == "guided" and
+                self._diverged_run == 0 and not self._rebudget and
+                not self._marks_unplanned)
+
     def _on_cuda(self):
         return self.device is not None and self.device.type == "cuda"
 

@@ -272,6 +272,9 @@ def wrap_blocks(blocks, k, method):
         b.forward = functools.partial(how, b.forward)  # instance attribute: nn.Module calls it
 
 
+STEADY_EXTRA = 10
+
+
 def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=None, args=None):
     """Train a fresh model; returns a dict with times, peaks, persistent."""
     release()
@@ -305,12 +308,20 @@ def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=N
                 one_step()
 
     times, peaks, persistent = [], [], 0
-    for i in range(warmup + iterations):
+    # Capuchin warms up until its plan is in force and nothing is due to be
+    # measured again (Manager.steady: a re-measure for memory PyTorch uses
+    # beside the tracked tensors, say), at most STEADY_EXTRA steps more: the
+    # timed steps are the job's steady state, as the others' are.
+    i, extra = 0, 0
+    while len(times) < iterations:
         persistent = meter.persistent(model, opt)
-        timed = i >= warmup
+        timed = i >= warmup and (mgr is None or mgr.steady or extra >= STEADY_EXTRA)
+        if i >= warmup and not timed:
+            extra += 1
         # On the CPU the profiler slows the step: time the iterations without
         # it, and measure memory in one more iteration below.
         dt, peak = meter.run(step, profile_memory=False)
+        i += 1
         if timed:
             times.append(dt)
             if peak is not None:

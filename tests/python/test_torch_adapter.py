@@ -234,6 +234,7 @@ def scenario_diverging(model_name):
     measured = [it["iteration"] for it in its if it["mode"] == "measured"]
     # measured at 2; 2 diverged (3, 4) -> 5; 4 (6..9) -> 10; 8 (11..18) -> 19
     check("diverging: measured at 2, 5, 10, 19: %s" % measured, measured == [2, 5, 10, 19])
+    check("diverging: never steady", not mgr.steady)
     check("diverging: every guided step left its plan",
           all("diverged" in it["note"] for it in its if it["mode"] == "passive"))
     warned = [w for w in caught if "keep leaving the plan" in str(w.message)]
@@ -331,7 +332,10 @@ def scenario_hidden(model_name):
     steps = 9
     m, o, batches = build(model_name)
     ref = [train_step(m, o, *batches(i)) for i in range(steps)]
+    steady = []  # Manager.steady before each step
+
     def workspace(i, mgr):
+        steady.append(mgr.steady)
         if i == 1:  # after the probe: an eighth of the activation peak
             mgr.workspace = mgr.activation_peak_bytes // 8
 
@@ -353,6 +357,9 @@ def scenario_hidden(model_name):
         check("hidden: step %d: peak %d with the workspace <= budget %d" % (
             it["iteration"], it["cuda_peak_bytes"], mgr.budget_bytes),
             it["cuda_within_budget"] is True and it["peak_bytes"] <= mgr.budget_bytes)
+    steady.append(mgr.steady)
+    check("hidden: steady after each guided step but the one over: %s" % steady,
+          steady == [False, False, False, False, False] + [True] * (steps - 4))
     warned = [w for w in caught if "the adapter does not see" in str(w.message)]
     check("hidden: one warning: %s" % [str(w.message) for w in warned], len(warned) == 1)
     check("hidden: the report says what is kept free",
