@@ -21,6 +21,7 @@
 #
 #   ./deploy/gpu-check.sh [--cpu-smoke] [--build DIR] [--out DIR] [--debs DIR]
 #                         [--use-debs | --system-deps] [--skip-build] [--build-only]
+#                         [--archive FILE]
 #
 #   --cpu-smoke, --dry-run  everything but the GPU: build (cuda backend only if
 #                a toolkit is found), run the gpu tests (they skip), replay on
@@ -33,6 +34,12 @@
 #   --system-deps  never use the .debs (fail if the system lacks a package)
 #   --skip-build reuse the build folder as it is
 #   --build-only stop after the build and the gpu tests (needs no PyTorch)
+#   --archive FILE  at the end, whatever happened, FILE.tar.gz of the out
+#                folder: the logs, the daemon's database (capuchind.db: the
+#                profiles and plans, for capuchin-query and capuchin-sim
+#                afterwards) and every op the adapter reported (ops.PID, see
+#                CAPUCHIN_DEBUG_OPS in README) in one file, for a machine one
+#                gets a few files back from
 # Environment: PYTHON (default python3: the interpreter that has PyTorch),
 # CAP_JOBS (build jobs, default nproc), CAP_GPU_TOLERANCE (allowed deviation
 # of the best guided iteration from its prediction, default 0.10),
@@ -45,7 +52,7 @@
 # Debian 12 .debs fetched beforehand on a machine with apt:
 #     ./deploy/fetch-gpu-debs.sh           # fills deploy/gpu-debs/ (git-ignored)
 # and sent along with the checkout; with the device tool of this workplace:
-#     run(command="./deploy/gpu-check.sh --out $OUT", carry=["deploy/gpu-debs"])
+#     run(command="./deploy/gpu-check.sh --archive $OUT/gpu-check.tar.gz", carry=["deploy/gpu-debs"])
 # (that tool sends the checkout of the session that calls it, and stops a
 # command after 10 minutes: if the whole check does not fit, split it, e.g.
 # TRAIN_ARGS="--models resnet50" first, then TRAIN_ARGS="--models gpt2"
@@ -64,6 +71,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 cd "$src"
 
 smoke=0 build='' out='' debs=$src/deploy/gpu-debs deps_mode=auto skip_build=0 build_only=0
+archive=''
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu-smoke | --dry-run) smoke=1 ;;
@@ -74,6 +82,7 @@ while [ $# -gt 0 ]; do
     --system-deps) deps_mode=system ;;
     --skip-build) skip_build=1 ;;
     --build-only) build_only=1 ;;
+    --archive) archive=$(realpath -m "${2:?--archive needs a file}"); shift ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
@@ -88,6 +97,24 @@ mkdir -p "$build" "$out"
 jobs=${CAP_JOBS:-$(nproc)}
 tolerance=${CAP_GPU_TOLERANCE:-0.10}
 iterations=${CAP_GPU_ITERATIONS:-8}
+
+# At exit, whatever happened: the daemon stopped, its log and database kept,
+# the out folder archived (--archive).
+tmp='' dpid=''
+cleanup() {
+  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
+  if [ -n "$tmp" ]; then
+    cp "$tmp/d.log" "$out/capuchind.log" 2>/dev/null || true
+    cp "$tmp/d.db" "$out/capuchind.db" 2>/dev/null || true
+    rm -rf "$tmp"
+  fi
+  if [ -n "$archive" ]; then
+    tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null &&
+      echo "gpu-check: logs archived in $archive"
+  fi
+  return 0
+}
+trap cleanup EXIT
 
 say() { printf '\n== gpu-check: %s\n' "$*"; }
 die() { echo "gpu-check: $*" >&2; exit 1; }
@@ -266,13 +293,6 @@ fi
 
 # --- A daemon for the replay and the training ---------------------------
 tmp=$(mktemp -d)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  cp "$tmp/d.log" "$out/capuchind.log" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 "$bin/capuchind" --socket "$tmp/d.sock" --db "$tmp/d.db" --log-level info 2>>"$tmp/d.log" &
 dpid=$!
 for _ in $(seq 100); do [ -S "$tmp/d.sock" ] && break; sleep 0.1; done
@@ -429,7 +449,7 @@ train_args=(--device cuda)
 say "train_compare.py ${train_args[*]} ${TRAIN_ARGS:-}"
 set +e
 # shellcheck disable=SC2086 # TRAIN_ARGS is a list of words
-CAPUCHIN_DEBUG=1 CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+CAPUCHIN_DEBUG=1 CAPUCHIN_DEBUG_OPS=${CAPUCHIN_DEBUG_OPS:-$out/ops} CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
   "$PYTHON" "$src/tests/gpu/train_compare.py" "${train_args[@]}" ${TRAIN_ARGS:-} \
   --json "$out/train.json" 2>&1 | tee "$out/train.log"
 rc=${PIPESTATUS[0]}
@@ -468,7 +488,7 @@ placement_args=(--device cuda)
 [ $smoke -eq 1 ] && placement_args=(--device cpu)
 say "placement_check.py ${placement_args[*]}"
 set +e
-CAPUCHIN_DEBUG=1 CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
+CAPUCHIN_DEBUG=1 CAPUCHIN_DEBUG_OPS=${CAPUCHIN_DEBUG_OPS:-$out/ops} CAPUCHIN_SOCKET=$tmp/d.sock PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 \
   "$PYTHON" "$src/tests/gpu/placement_check.py" "${placement_args[@]}" \
   --json "$out/placement.json" 2>&1 | tee "$out/placement.log"
 rc=${PIPESTATUS[0]}
