@@ -33,6 +33,22 @@ static const char plan_json[] =
     "{\"tensor\":2,\"evict_after_access\":2,\"method\":\"recompute\","
     "\"recompute_ops\":[1]}]}";
 
+/* By-hand plans several tests share. a (tensor 0) swapped out after its
+ * first access and brought back on demand: */
+static const char swap_a_plan[] =
+    "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+    "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
+    "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
+/* a and b (tensors 0 and 1) swapped out after their first accesses, both
+ * prefetched at c's (tensor 2's) first: */
+static const char prefetch_a_b_plan[] =
+    "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
+    "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
+    "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
+    "\"prefetch_at\":{\"tensor\":2,\"access\":1}},"
+    "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
+    "\"prefetch_at\":{\"tensor\":2,\"access\":1}}]}";
+
 static void kernel(uint32_t seq, void *const *in, void *const *out) {
   const uint8_t *x = in[0], *y = in[1];
   uint8_t *o = out[0];
@@ -257,16 +273,13 @@ static void test_framework_op_run_and_diverged(void) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  static const char plan[] =
-      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
-      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
-      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
   CHECK_EQ(cap_client_diverged(c), CAP_ESTATE);
   CHECK_EQ(cap_client_op_run(c, "aten::x", NULL, 0, NULL, 0, -1), CAP_EINVAL);
   CHECK(!cap_client_copying(NULL, &f) && !cap_client_copying(c, NULL));
   for (int it = 0; it < 4; it++) {
     if (it == 1) /* after an iteration the plan's tensors exist */
-      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+      REQUIRE(cap_client_load_plan_json(c, swap_a_plan,
+                                        sizeof swap_a_plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     CHECK_EQ(cap_client_mode(c), it == 0 ? CAP_MODE_PASSIVE : CAP_MODE_GUIDED);
     if (it == 2) {
@@ -332,13 +345,10 @@ static void budget_and_host_cap(bool capped) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  static const char plan[] =
-      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
-      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
-      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
   for (int it = 0; it < 2; it++) {
     if (it == 1)
-      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+      REQUIRE(cap_client_load_plan_json(c, swap_a_plan,
+                                        sizeof swap_a_plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     uint32_t a, b;
     uint8_t *pa = fake_fw_new(&f, N);
@@ -393,13 +403,10 @@ static void test_framework_persistent_evictable(void) {
   uint32_t w;
   REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
   REQUIRE(cap_client_set_evictable(c, w, true) == 0);
-  static const char plan[] =
-      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
-      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":[{\"tensor\":0,"
-      "\"evict_after_access\":1,\"method\":\"swap\",\"prefetch_at\":null}]}";
   for (int it = 0; it < 2; it++) {
     if (it == 1)
-      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+      REQUIRE(cap_client_load_plan_json(c, swap_a_plan,
+                                        sizeof swap_a_plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     uint32_t out[2];
     for (uint32_t k = 0; k < 2; k++) {
@@ -448,16 +455,10 @@ static void test_framework_prefetch_queue(void) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  static const char plan[] =
-      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
-      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
-      "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
-      "\"prefetch_at\":{\"tensor\":2,\"access\":1}},"
-      "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
-      "\"prefetch_at\":{\"tensor\":2,\"access\":1}}]}";
   for (int it = 0; it < 2; it++) {
     if (it == 1)
-      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+      REQUIRE(cap_client_load_plan_json(c, prefetch_a_b_plan,
+                                        sizeof prefetch_a_b_plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     uint32_t id[4];
     void *buf[4];
@@ -572,16 +573,10 @@ static void test_framework_prefetch_keeps_room(void) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  static const char plan[] =
-      "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\","
-      "\"version\":1,\"predicted_iter_ns\":0,\"actions\":["
-      "{\"tensor\":0,\"evict_after_access\":1,\"method\":\"swap\","
-      "\"prefetch_at\":{\"tensor\":2,\"access\":1}},"
-      "{\"tensor\":1,\"evict_after_access\":1,\"method\":\"swap\","
-      "\"prefetch_at\":{\"tensor\":2,\"access\":1}}]}";
   for (int it = 0; it < 2; it++) {
     if (it == 1)
-      REQUIRE(cap_client_load_plan_json(c, plan, sizeof plan - 1) == 0);
+      REQUIRE(cap_client_load_plan_json(c, prefetch_a_b_plan,
+                                        sizeof prefetch_a_b_plan - 1) == 0);
     REQUIRE(cap_client_iteration_begin(c) == 0);
     uint32_t id[4]; /* a b c d */
     for (uint32_t k = 0; k < 4; k++) {
