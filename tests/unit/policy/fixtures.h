@@ -58,8 +58,9 @@ static cap_profile_t *fx_finish(fx_t *f) {
  * memory until the copy ends and a swap-in from its start (2 ms or so for
  * 100 MB), so a swap relieves the middle only if the stretches around it
  * are long enough. */
-static cap_profile_t *one_big(uint32_t n_pre, uint32_t n_mid, uint32_t n_post,
-                              int64_t step_ns, int64_t op0_ns) {
+static inline cap_profile_t *one_big(uint32_t n_pre, uint32_t n_mid,
+                                     uint32_t n_post, int64_t step_ns,
+                                     int64_t op0_ns) {
   fx_t f = {cap_profile_create(), 0, 0};
   uint32_t W = 0, A = 1, B = 2, next = 3;
   fx_tensor(&f, W, 1 * MB, CAP_KIND_PARAM);
