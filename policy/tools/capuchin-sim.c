@@ -27,9 +27,10 @@
 #include <math.h>
 #include <time.h>
 
+#include "capuchin/bound.h"
 #include "capuchin/error.h"
-#include "capuchin/plan.h"
 #include "capuchin/placement.h"
+#include "capuchin/plan.h"
 #include "capuchin/planner.h"
 #include "capuchin/profile.h"
 #include "capuchin/sim.h"
@@ -330,11 +331,14 @@ static double now_ms(void) {
 
 static void print_results(const sim_args_t *a, uint64_t budget,
                           const cap_profile_t *p, int64_t base_ns,
-                          const result_t *r, size_t n) {
+                          const cap_window_bound_t *wb, const result_t *r,
+                          size_t n) {
   if (a->json) {
     printf("{\"trace\":");
     json_str(stdout, a->trace);
-    printf(",\"budget_bytes\":%" PRIu64 ",\"results\":[", budget);
+    printf(",\"budget_bytes\":%" PRIu64 ",\"window_bound_ns\":%" PRId64
+           ",\"results\":[",
+           budget, wb->extra_ns);
     for (size_t i = 0; i < n; i++) {
       const cap_sim_result_t *s = &r[i].sim;
       printf("%s{\"policy\":", i ? "," : "");
@@ -382,6 +386,15 @@ static void print_results(const sim_args_t *a, uint64_t budget,
              (double)r[i].arena_bytes / (double)r[i].placed_peak_bytes);
     putchar('\n');
   }
+  if (wb->extra_ns > 0)
+    printf("\nno plan costs less than %.3f ms (%.1f %%) at this budget: at "
+           "least %.1f MiB must be off the device when op %" PRIu32
+           " (%s) starts and back by op %" PRIu32 " (%s), %.3f ms later "
+           "unmanaged (window bound)\n",
+           ms(wb->extra_ns), 100.0 * (double)wb->extra_ns / (double)base_ns,
+           mib(wb->off_bytes), wb->from_op, p->ops[wb->from_op].name, wb->to_op,
+           p->ops[wb->to_op].name,
+           ms(p->ops[wb->to_op].start_ns - p->ops[wb->from_op].start_ns));
 }
 
 static int write_plan(const char *path, const cap_plan_t *plan,
@@ -418,6 +431,12 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
   cap_sim_result_t base;
   if (cap_sim_run(p, NULL, &cfg.bw, &base)) {
     fprintf(stderr, "capuchin-sim: cannot simulate the trace\n");
+    return 1;
+  }
+  cap_window_bound_t wb;
+  if (cap_window_bound(p, budget, cfg.evict_persistent, cfg.bw.h2d_gbps, &wb)) {
+    fprintf(stderr, "capuchin-sim: cannot bound the budget's cost\n");
+    cap_sim_result_close(&base);
     return 1;
   }
   for (size_t i = 0; i < n && nres < sizeof res / sizeof *res; i++) {
@@ -457,7 +476,7 @@ static int cmd_plan(const sim_args_t *a, const cap_profile_t *p) {
     else
       cap_plan_destroy(plan);
   }
-  print_results(a, budget, p, base.iter_ns, res, nres);
+  print_results(a, budget, p, base.iter_ns, &wb, res, nres);
   if (a->emit_plan && emit && write_plan(a->emit_plan, emit, a->trace))
     status = 1;
   if (a->emit_plan && !emit && !status) {
@@ -580,7 +599,16 @@ static int cmd_check(const sim_args_t *a, const cap_profile_t *p) {
   r.arena_bytes = plan->arena_bytes;
   if (plan->n_blocks)
     r.outside_bytes = cap_plan_outside_arena(plan, p);
-  print_results(a, plan->budget_bytes, p, base.iter_ns, &r, 1);
+  /* the plan may evict anything: the bound for plans that may */
+  cap_window_bound_t wb;
+  if (cap_window_bound(p, plan->budget_bytes, true, a->bw.h2d_gbps, &wb)) {
+    fprintf(stderr, "capuchin-sim: cannot bound the budget's cost\n");
+    cap_sim_result_close(&base);
+    cap_sim_result_close(&r.sim);
+    cap_plan_destroy(plan);
+    return 1;
+  }
+  print_results(a, plan->budget_bytes, p, base.iter_ns, &wb, &r, 1);
   int status = 0;
   if ((plan->predicted_peak_bytes &&
        plan->predicted_peak_bytes != r.sim.peak_bytes) ||

@@ -2,7 +2,8 @@
  * capuchin-sim's planning modes as a user runs them: --budget with every
  * policy (table and JSON), --emit-plan and --check-plan round trip, exit 2
  * naming the smallest peak for an impossible budget, exit 64 with usage for
- * bad arguments, exit 1 for unreadable or foreign plans.
+ * bad arguments, exit 1 for unreadable or foreign plans, the window bound
+ * where a budget forces a cost.
  */
 #include "cap_test.h"
 
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "capuchin/planner.h"
+#include "capuchin/sim.h"
 #include "capuchin/trace.h"
 
 #define SIM CAP_BIN_DIR "/capuchin-sim"
@@ -98,6 +100,49 @@ static void test_all_policies_json(void) {
   CHECK(strstr(r.out, "policy") && strstr(r.out, "overhd %"));
   for (size_t i = 0; cap_planner_names[i]; i++)
     CHECK(strstr(r.out, cap_planner_names[i]) != NULL);
+}
+
+/* The window bound (capuchin/bound.h): in the JSON, and as a line under the
+ * table, where the budget forces a cost (vgg16 at 50 %: the optimizer step
+ * needs gradients sent to the host during the first layers' backward); no
+ * plan below it; nothing at a budget everything fits. */
+static void test_window_bound_reported(void) {
+  char args[8192], err[256];
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy all --json",
+           trace("vgg16"));
+  run_t r;
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  cap_profile_t *p = NULL;
+  REQUIRE(cap_trace_load(trace("vgg16"), &p, err, sizeof err) == 0);
+  cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+  cap_sim_result_t base = {0};
+  REQUIRE(cap_sim_run(p, NULL, &bw, &base) == 0);
+  long long bound = num_after(r.out, "window_bound_ns");
+  CHECK(bound > 0);
+  for (size_t i = 0; cap_planner_names[i]; i++) {
+    char pol[64];
+    snprintf(pol, sizeof pol, "{\"policy\":\"%s\",\"feasible\":true",
+             cap_planner_names[i]);
+    const char *at = strstr(r.out, pol);
+    if (at)
+      CHECK(num_after(at, "iter_ns") - base.iter_ns >= bound);
+  }
+  snprintf(args, sizeof args, "--trace '%s' --budget 50%%", trace("vgg16"));
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK(strstr(r.out, "no plan costs less than") != NULL);
+  CHECK(strstr(r.out, "(window bound)") != NULL);
+  snprintf(args, sizeof args, "--trace '%s' --budget 100%% --json",
+           trace("vgg16"));
+  run(args, &r);
+  CHECK_EQ(r.status, 0);
+  CHECK_EQ(num_after(r.out, "window_bound_ns"), 0);
+  snprintf(args, sizeof args, "--trace '%s' --budget 100%%", trace("vgg16"));
+  run(args, &r);
+  CHECK(strstr(r.out, "no plan costs less than") == NULL);
+  cap_sim_result_close(&base);
+  cap_profile_destroy(p);
 }
 
 static void test_emit_and_check_plan(void) {
@@ -337,6 +382,7 @@ int main(void) {
     return 1;
   }
   RUN_TEST(test_all_policies_json);
+  RUN_TEST(test_window_bound_reported);
   RUN_TEST(test_emit_and_check_plan);
   RUN_TEST(test_placement_emit_and_check);
   RUN_TEST(test_impossible_budget_exits_2);
