@@ -16,12 +16,6 @@
  * --before FILE takes an earlier run's --jsonl output and adds the issue's
  * target per cell: at most halfway between that run's overhead and the
  * bound. --jsonl prints one JSON object per cell instead of the table.
- *
- * A second table gives the window bound (capuchin/bound.h) where it is above
- * the LP's: windows the LP's coarse memory checks miss, such as an
- * optimizer step. The larger of the two bounds is a bound too; a halfway
- * target below it is one no plan can meet. A plan cheaper than the window
- * bound would prove the bound wrong: the bench then fails.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -31,7 +25,6 @@
 #include <time.h>
 
 #include "bench_time.h"
-#include "capuchin/bound.h"
 #include "capuchin/error.h"
 #include "capuchin/planner.h"
 #include "capuchin/sim.h"
@@ -48,7 +41,6 @@ typedef struct cell {
   uint64_t budget_bytes;
   bool bound_feasible;
   double bound_pct; /* the bound's overhead, % of the unmanaged iteration */
-  double window_pct; /* the window bound's, likewise */
   /* capuchin at this budget */
   bool feasible;
   double cap_pct;
@@ -156,15 +148,9 @@ static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, c->budget_bytes);
   cfg.evict_persistent = c->evict_persistent;
-  cap_window_bound_t wb;
-  int rc = cap_window_bound(p, c->budget_bytes, c->evict_persistent,
-                            cfg.bw.h2d_gbps, &wb);
-  if (rc)
-    return rc;
-  c->window_pct = 100.0 * (double)wb.extra_ns / (double)free_iter;
   cap_plan_t *plan = NULL;
   double t0 = now_ms();
-  rc = cap_plan_compute(p, "capuchin", &cfg, &plan);
+  int rc = cap_plan_compute(p, "capuchin", &cfg, &plan);
   c->plan_ms = now_ms() - t0;
   if (rc && rc != CAP_EINFEASIBLE) {
     fprintf(stderr, "%s: %s\n", c->trace, cap_strerror(rc));
@@ -181,21 +167,7 @@ static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
   c->feasible = r.peak_bytes <= c->budget_bytes;
   c->cap_pct = 100.0 * (double)(r.iter_ns - free_iter) / (double)free_iter;
   cap_sim_result_close(&r);
-  if (c->feasible && c->cap_pct < c->window_pct - 1e-9) {
-    fprintf(stderr,
-            "%s at %" PRIu64 " bytes: a plan at %.3f %% beats the window "
-            "bound %.3f %%: the bound is wrong\n",
-            c->trace, c->budget_bytes, c->cap_pct, c->window_pct);
-    return CAP_EINVAL;
-  }
   return 0;
-}
-
-/* The larger of the two bounds (NAN where the LP has none). */
-static double best_bound(const cell_t *c) {
-  if (!c->bound_feasible || isnan(c->bound_pct))
-    return NAN;
-  return c->window_pct > c->bound_pct ? c->window_pct : c->bound_pct;
 }
 
 /* Ratio capuchin / bound where the bound costs something. */
@@ -207,18 +179,14 @@ static double ratio(const cell_t *c) {
 
 /* The issue's target for a cell: at most halfway from the earlier run to
  * the bound (where the earlier run found no plan, any plan meets it). */
-static bool meets_halfway_to(const cell_t *c, double bound_pct) {
-  if (!c->have_before || !c->bound_feasible || isnan(bound_pct))
+static bool meets_halfway(const cell_t *c) {
+  if (!c->have_before || !c->bound_feasible || isnan(c->bound_pct))
     return true;
   if (!c->feasible)
     return false;
   if (isnan(c->before_pct))
     return true;
-  return c->cap_pct <= (c->before_pct + bound_pct) / 2 + 0.005;
-}
-
-static bool meets_halfway(const cell_t *c) {
-  return meets_halfway_to(c, c->bound_pct);
+  return c->cap_pct <= (c->before_pct + c->bound_pct) / 2 + 0.005;
 }
 
 static void fmt_cell(const cell_t *c, char *buf, size_t len) {
@@ -242,19 +210,6 @@ static void fmt_cell(const cell_t *c, char *buf, size_t len) {
            meets_halfway(c) ? "" : " !");
 }
 
-/* The trace's file name without its extension: "resnet50". */
-static void model_name(const cell_t *c, char name[64]) {
-  snprintf(name, 64, "%.63s", c->trace);
-  char *dot = strrchr(name, '.');
-  if (dot)
-    *dot = '\0';
-}
-
-static double median(double *q, size_t nq) {
-  qsort(q, nq, sizeof *q, cmp_d);
-  return nq % 2 ? q[nq / 2] : (q[nq / 2 - 1] + q[nq / 2]) / 2;
-}
-
 static void print_table(const cell_t *cells, size_t n, bool have_before) {
   printf("overhead %% of the unmanaged iteration: bound / capuchin (ratio)%s;\n"
          "inf: no plan can exist; -: capuchin finds none although one may;\n"
@@ -271,7 +226,10 @@ static void print_table(const cell_t *cells, size_t n, bool have_before) {
         continue;
       }
       char name[64];
-      model_name(&cells[i], name);
+      snprintf(name, sizeof name, "%s", cells[i].trace);
+      char *dot = strrchr(name, '.');
+      if (dot)
+        *dot = '\0';
       printf("| %s |", name);
       size_t j = i;
       for (; j < n && !strcmp(cells[j].trace, cells[i].trace) &&
@@ -306,14 +264,12 @@ static void print_table(const cell_t *cells, size_t n, bool have_before) {
   }
   printf("feasible: %zu of the %zu cells where the bound is\n", n_feasible, n_bound);
   if (nq) {
-    double worst = q[0];
-    for (size_t i = 1; i < nq; i++)
-      worst = q[i] > worst ? q[i] : worst;
-    double med = median(q, nq);
+    qsort(q, nq, sizeof *q, cmp_d);
+    double med = nq % 2 ? q[nq / 2] : (q[nq / 2 - 1] + q[nq / 2]) / 2;
     printf(
         "ratio over the %zu cells where the bound is above zero: median %.2fx, "
         "worst %.2fx\n",
-        nq, med, worst);
+        nq, med, q[nq - 1]);
   }
   if (have_before)
     printf("halfway from --before to the bound: %zu of %zu cells\n", n_half,
@@ -322,72 +278,16 @@ static void print_table(const cell_t *cells, size_t n, bool have_before) {
   free(q);
 }
 
-/* Where the window bound is above the LP's: both, capuchin against the
- * larger, and whether the issue's halfway target (from the LP) lies below
- * it. */
-static void print_window_table(const cell_t *cells, size_t n,
-                               bool have_before) {
-  printf(
-      "\nwindow bound (capuchin/bound.h), where it is above the LP's:\n"
-      "| trace | mode | %% | LP | window | capuchin (ratio to the larger)%s |\n"
-      "| --- | --- | --- | --- | --- | --- |%s\n",
-      have_before ? " | halfway target" : "", have_before ? " --- |" : "");
-  double *q = malloc((n + 1) * sizeof *q);
-  size_t nq = 0, n_below = 0, n_half = 0, n_half_of = 0;
-  for (size_t i = 0; i < n; i++) {
-    const cell_t *c = &cells[i];
-    double b = best_bound(c);
-    if (isnan(b) || c->pct == FLOOR_PCT)
-      continue;
-    if (q && c->feasible && b > 0.005)
-      q[nq++] = c->cap_pct / b;
-    double target = have_before && !isnan(c->before_pct)
-                        ? (c->before_pct + c->bound_pct) / 2
-                        : NAN;
-    bool below = !isnan(target) && target < c->window_pct;
-    n_below += below;
-    if (have_before) {
-      n_half_of++;
-      n_half += meets_halfway_to(c, b);
-    }
-    if (!(c->window_pct > c->bound_pct))
-      continue;
-    char name[64];
-    model_name(c, name);
-    printf("| %s | %s | %.0f | %.2f | %.2f | ", name,
-           c->evict_persistent ? "evict-persistent" : "default", c->pct,
-           c->bound_pct, c->window_pct);
-    if (c->feasible)
-      printf("%.2f (%.2fx)", c->cap_pct, c->cap_pct / b);
-    else
-      printf("-");
-    if (have_before && !isnan(target))
-      printf(" | %.2f%s", target, below ? " (below the window bound)" : "");
-    else if (have_before)
-      printf(" | ");
-    printf(" |\n");
-  }
-  if (nq)
-    printf("ratio to the larger bound over the %zu cells: median %.2fx\n", nq,
-           median(q, nq));
-  if (have_before)
-    printf("halfway from --before to the larger bound: %zu of %zu cells; "
-           "halfway targets to the LP that no plan can meet: %zu\n",
-           n_half, n_half_of, n_below);
-  free(q);
-}
-
 static void print_jsonl(const cell_t *cells, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const cell_t *c = &cells[i];
     printf("{\"trace\": \"%s\", \"evict_persistent\": %d, \"pct\": %.1f, "
            "\"budget_bytes\": %" PRIu64 ", \"bound_feasible\": %d, "
-           "\"bound_pct\": %.3f, \"window_pct\": %.3f, \"feasible\": %d, "
-           "\"capuchin_pct\": %.3f, \"peak_bytes\": %" PRIu64
-           ", \"plan_ms\": %.1f}\n",
+           "\"bound_pct\": %.3f, \"feasible\": %d, \"capuchin_pct\": %.3f, "
+           "\"peak_bytes\": %" PRIu64 ", \"plan_ms\": %.1f}\n",
            c->trace, c->evict_persistent, c->pct, c->budget_bytes,
            c->bound_feasible, isnan(c->bound_pct) ? -1.0 : c->bound_pct,
-           c->window_pct, c->feasible, c->cap_pct, c->peak_bytes, c->plan_ms);
+           c->feasible, c->cap_pct, c->peak_bytes, c->plan_ms);
   }
 }
 
@@ -444,9 +344,7 @@ int main(int argc, char **argv) {
   }
   if (jsonl)
     print_jsonl(cells, n);
-  else {
+  else
     print_table(cells, n, before != NULL);
-    print_window_table(cells, n, before != NULL);
-  }
   return 0;
 }
