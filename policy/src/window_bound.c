@@ -182,7 +182,7 @@ static uint32_t alive_at(ctx_t *c, uint32_t i, bool evict_persistent,
   uint32_t n = 0;
   for (uint32_t t = 0; t < p->n_tensors; t++) {
     const cap_tensor_t *x = &p->tensors[t];
-    if (c->named[t] == i + 1 || x->n_accesses == 0)
+    if (c->named[t] == i + 1 || x->n_accesses == 0 || x->bytes == 0)
       continue;
     const uint32_t *acc = p->access_ops + x->access_off;
     if (!cap_tensor_is_resident(x) && acc[0] > i)
@@ -246,7 +246,9 @@ static void bound_from(ctx_t *c, uint32_t i, uint64_t budget,
     double y_off = (double)(prefix - budget);
     double d = (double)(c->unmanaged_start[e->next_op] - c->unmanaged_start[i]);
     double extra = window_extra(y_off, d, h2d, rate, cheap, c_min, replayable);
-    int64_t ns = (int64_t)floor(extra);
+    /* at an absurd bandwidth the bound leaves int64_t: keep it there */
+    int64_t ns = extra < (double)CAP_PROFILE_MAX_NS ? (int64_t)floor(extra)
+                                                    : CAP_PROFILE_MAX_NS;
     if (ns > best->extra_ns) {
       *best = (cap_window_bound_t){ns, i, e->next_op, prefix - budget};
     }

@@ -51,6 +51,9 @@ static void test_optimizer_tail(void) {
   /* twice the bandwidth: 75 ns of copying in a 20 ns window */
   CHECK_EQ(cap_window_bound(p, 250, true, 2 * GBPS, &b), 0);
   CHECK_EQ(b.extra_ns, 55);
+  /* a bandwidth so small the wait leaves int64_t: the largest time */
+  CHECK_EQ(cap_window_bound(p, 250, true, 1e-18, &b), 0);
+  CHECK_EQ(b.extra_ns, CAP_PROFILE_MAX_NS);
   CHECK_EQ(cap_window_bound(NULL, 250, true, GBPS, &b), CAP_EINVAL);
   CHECK_EQ(cap_window_bound(p, 250, true, 0, &b), CAP_EINVAL);
   cap_profile_destroy(p);
