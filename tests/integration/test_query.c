@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cap_test.h"
+#include "capuchin/bound.h"
 #include "capuchin/error.h"
 #include "capuchin/placement.h"
 #include "capuchin/sim.h"
@@ -296,10 +297,19 @@ static void test_profiles_and_plans(void) {
            (unsigned long long)p1->budget_bytes, p1->actions[0].tensor,
            (unsigned long long)prof->tensors[p1->actions[0].tensor].bytes);
   CHECK(py(script));
+  /* and the least any plan at its budget costs (capuchin/bound.h) */
+  cap_window_bound_t wb;
+  CHECK_EQ(cap_window_bound(prof, p1->budget_bytes, true, 55.1, &wb), 0);
+  snprintf(script, sizeof script,
+           "import json,sys; d=json.load(open(sys.argv[1])); "
+           "assert d[\"plan\"][\"least_extra_ns\"]==%lld, d[\"plan\"]",
+           (long long)wb.extra_ns);
+  CHECK(py(script));
   snprintf(args, sizeof args, "--db '%s' plan %lld", db_path, (long long)plan1);
   CHECK_EQ(query(args), 0);
   CHECK(file_contains(path_in("out.txt"), "swap"));
   CHECK(file_contains(path_in("out.txt"), "freed for ms"));
+  CHECK(file_contains(path_in("out.txt"), "least extra ms"));
   snprintf(args, sizeof args, "--db '%s' --format csv plan %lld", db_path,
            (long long)plan2);
   CHECK_EQ(query(args), 0);
