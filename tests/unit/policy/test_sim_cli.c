@@ -64,15 +64,23 @@ static long long num_after(const char *s, const char *key) {
   return at ? strtoll(at + strlen(k), NULL, 10) : -1;
 }
 
-static void test_all_policies_json(void) {
+/* capuchin-sim --budget 50% --policy all --json on a bundled model, into
+ * r; the model's profile (NULL if it cannot be read). */
+static cap_profile_t *all_policies_json(const char *model, run_t *r) {
   char args[8192], err[256];
   snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy all --json",
-           trace("mobilenet_v2"));
-  run_t r;
-  run(args, &r);
-  CHECK_EQ(r.status, 0);
+           trace(model));
+  run(args, r);
   cap_profile_t *p = NULL;
-  REQUIRE(cap_trace_load(trace("mobilenet_v2"), &p, err, sizeof err) == 0);
+  return cap_trace_load(trace(model), &p, err, sizeof err) == 0 ? p : NULL;
+}
+
+static void test_all_policies_json(void) {
+  char args[8192];
+  run_t r;
+  cap_profile_t *p = all_policies_json("mobilenet_v2", &r);
+  CHECK_EQ(r.status, 0);
+  REQUIRE(p);
   CHECK_EQ(num_after(r.out, "budget_bytes"),
            (long long)cap_profile_budget_pct(p, 50));
   CHECK(strncmp(r.out, "{\"trace\":", 9) == 0);
@@ -107,14 +115,11 @@ static void test_all_policies_json(void) {
  * needs gradients sent to the host during the first layers' backward); no
  * plan below it; nothing at a budget everything fits. */
 static void test_window_bound_reported(void) {
-  char args[8192], err[256];
-  snprintf(args, sizeof args, "--trace '%s' --budget 50%% --policy all --json",
-           trace("vgg16"));
+  char args[8192];
   run_t r;
-  run(args, &r);
+  cap_profile_t *p = all_policies_json("vgg16", &r);
   CHECK_EQ(r.status, 0);
-  cap_profile_t *p = NULL;
-  REQUIRE(cap_trace_load(trace("vgg16"), &p, err, sizeof err) == 0);
+  REQUIRE(p);
   cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
   cap_sim_result_t base = {0};
   REQUIRE(cap_sim_run(p, NULL, &bw, &base) == 0);
