@@ -226,13 +226,7 @@ bool cap__written_between(const cap__ctx_t *c, uint32_t x, uint32_t lo,
 /* --- context --------------------------------------------------------------- */
 
 static bool evictable_kind(const cap__ctx_t *c, const cap_tensor_t *t) {
-  if (t->no_evict)
-    return false;
-  /* never-freed activations (running stats, optimizer state) count as
-   * persistent: they leave only with persistent eviction */
-  if (t->kind == CAP_KIND_ACTIVATION && t->free_ns >= 0)
-    return true;
-  return c->cfg->evict_persistent;
+  return cap__may_evict(t, c->cfg->evict_persistent);
 }
 
 /* Whether tensor x stays allocated for at least one op after its last

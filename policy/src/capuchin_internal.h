@@ -156,6 +156,19 @@ typedef struct cap__ctx {
   uint32_t n_sources_restored;
 } cap__ctx_t;
 
+/* Whether the Capuchin planner may evict tensor t: a freed activation
+ * always, unless no_evict; params, inputs and never-freed activations
+ * (running stats, optimizer state) only with persistent eviction. The
+ * baselines' rule (cap__evictable, planners.h) is narrower. */
+static inline bool cap__may_evict(const cap_tensor_t *t,
+                                  bool evict_persistent) {
+  if (t->no_evict)
+    return false;
+  if (t->kind == CAP_KIND_ACTIVATION && t->free_ns >= 0)
+    return true;
+  return evict_persistent;
+}
+
 int cap__ctx_init(cap__ctx_t *c, const cap_profile_t *p,
                   const cap_plan_config_t *cfg);
 void cap__ctx_close(cap__ctx_t *c);

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 
 #include "capuchin/error.h"
+#include "capuchin_internal.h" /* cap__may_evict */
 
 /* An evictable tensor alive at the window's first op. */
 typedef struct {
@@ -77,14 +78,6 @@ static int cmp_entry(const void *a, const void *b) {
 
 static int64_t op_ns(const cap_profile_t *p, uint32_t o) {
   return p->ops[o].end_ns - p->ops[o].start_ns;
-}
-
-static bool evictable(const cap_tensor_t *t, bool evict_persistent) {
-  if (t->no_evict)
-    return false;
-  if (t->kind == CAP_KIND_ACTIVATION && t->free_ns >= 0)
-    return true;
-  return evict_persistent; /* the planner's rule (candidates.c) */
 }
 
 /* Whether input x of a replayed op is gone by the start of op b: freed by
@@ -165,9 +158,10 @@ static double window_extra(double y_off, double d, double h2d, double rate,
 }
 
 /* Evictable tensors alive at op i and needed after it, into c->entries;
- * base: the bytes op i needs on the device whatever the plan does. */
+ * base: the bytes op i needs on the device whatever the plan does; total:
+ * base and those tensors. */
 static uint32_t alive_at(ctx_t *c, uint32_t i, bool evict_persistent,
-                         uint64_t *base) {
+                         uint64_t *base, uint64_t *total) {
   const cap_profile_t *p = c->p;
   const cap_op_t *op = &p->ops[i];
   uint64_t b = cap_profile_untracked_bytes(p);
@@ -180,6 +174,7 @@ static uint32_t alive_at(ctx_t *c, uint32_t i, bool evict_persistent,
     }
   }
   uint32_t n = 0;
+  uint64_t movable = 0;
   for (uint32_t t = 0; t < p->n_tensors; t++) {
     const cap_tensor_t *x = &p->tensors[t];
     if (c->named[t] == i + 1 || x->n_accesses == 0 || x->bytes == 0)
@@ -187,23 +182,18 @@ static uint32_t alive_at(ctx_t *c, uint32_t i, bool evict_persistent,
     const uint32_t *acc = p->access_ops + x->access_off;
     if (!cap_tensor_is_resident(x) && acc[0] > i)
       continue;                          /* not created yet */
-    uint32_t lo = 0, hi = x->n_accesses; /* first access after op i */
-    while (lo < hi) {
-      uint32_t mid = lo + (hi - lo) / 2;
-      if (acc[mid] <= i)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    if (lo == x->n_accesses)
+    uint32_t next = cap_profile_accesses_before(p, t, i + 1);
+    if (next == x->n_accesses)
       continue; /* not needed again: a plan may release it */
-    if (!evictable(x, evict_persistent)) {
+    if (!cap__may_evict(x, evict_persistent)) {
       b += x->bytes;
       continue;
     }
-    c->entries[n++] = (entry_t){acc[lo], t, x->access_off + lo};
+    c->entries[n++] = (entry_t){acc[next], t, x->access_off + next};
+    movable += x->bytes;
   }
   *base = b;
+  *total = b + movable;
   return n;
 }
 
@@ -211,11 +201,8 @@ static void bound_from(ctx_t *c, uint32_t i, uint64_t budget,
                        bool evict_persistent, double h2d,
                        cap_window_bound_t *best) {
   const cap_profile_t *p = c->p;
-  uint64_t base;
-  uint32_t n = alive_at(c, i, evict_persistent, &base);
-  uint64_t total = base;
-  for (uint32_t k = 0; k < n; k++)
-    total += p->tensors[c->entries[k].tensor].bytes;
+  uint64_t base, total;
+  uint32_t n = alive_at(c, i, evict_persistent, &base, &total);
   if (total <= budget)
     return;
   qsort(c->entries, n, sizeof *c->entries, cmp_entry);
@@ -244,13 +231,14 @@ static void bound_from(ctx_t *c, uint32_t i, uint64_t budget,
     if (prefix <= budget)
       continue;
     double y_off = (double)(prefix - budget);
-    double d = (double)(c->unmanaged_start[e->next_op] - c->unmanaged_start[i]);
-    double extra = window_extra(y_off, d, h2d, rate, cheap, c_min, replayable);
+    int64_t window = c->unmanaged_start[e->next_op] - c->unmanaged_start[i];
+    double extra = window_extra(y_off, (double)window, h2d, rate, cheap, c_min,
+                                replayable);
     /* at an absurd bandwidth the bound leaves int64_t: keep it there */
     int64_t ns = extra < (double)CAP_PROFILE_MAX_NS ? (int64_t)floor(extra)
                                                     : CAP_PROFILE_MAX_NS;
     if (ns > best->extra_ns) {
-      *best = (cap_window_bound_t){ns, i, e->next_op, prefix - budget};
+      *best = (cap_window_bound_t){ns, i, e->next_op, window, prefix - budget};
     }
   }
 }
@@ -260,7 +248,7 @@ int cap_window_bound(const cap_profile_t *p, uint64_t budget_bytes,
                      cap_window_bound_t *out) {
   if (!p || !out || !p->finished || !(h2d_gbps > 0))
     return CAP_EINVAL;
-  *out = (cap_window_bound_t){0, CAP_NONE, CAP_NONE, 0};
+  *out = (cap_window_bound_t){0, CAP_NONE, CAP_NONE, 0, 0};
   ctx_t c = {.p = p};
   c.unmanaged_start =
       malloc(((size_t)p->n_ops + 1) * sizeof *c.unmanaged_start);

@@ -393,8 +393,7 @@ static void print_results(const sim_args_t *a, uint64_t budget,
            "unmanaged (window bound)\n",
            ms(wb->extra_ns), 100.0 * (double)wb->extra_ns / (double)base_ns,
            mib(wb->off_bytes), wb->from_op, p->ops[wb->from_op].name, wb->to_op,
-           p->ops[wb->to_op].name,
-           ms(p->ops[wb->to_op].start_ns - p->ops[wb->from_op].start_ns));
+           p->ops[wb->to_op].name, ms(wb->window_ns));
 }
 
 static int write_plan(const char *path, const cap_plan_t *plan,

@@ -29,6 +29,7 @@ typedef struct cap_window_bound {
   /* The window that forces it: tensors must be off the device when op
    * from_op starts and back by op to_op; CAP_NONE when extra_ns is 0. */
   uint32_t from_op, to_op;
+  int64_t window_ns;  /* from from_op's start to to_op's, unmanaged */
   uint64_t off_bytes; /* at least this many bytes off at from_op */
 } cap_window_bound_t;
 
