@@ -136,6 +136,10 @@ typedef struct cap__ctx {
   bool weigh_cover;   /* rank by MSPS x share of the over-target region */
   bool share_lineage; /* rank replays by cost beyond cap__rc_saved */
   double d2h_gbps, h2d_gbps; /* rates the planner books copies at */
+  /* the budget of the plans built: what the simulator lets an allocation
+   * wait for room in (sim.h); 0 while the planner keeps to plans that
+   * need no such wait */
+  uint64_t plan_budget;
   /* per tensor: back-access ops at which a chosen recompute list reads or
    * writes it; evicting the tensor over such an op would break that list */
   cap__u32vec_t *uses;

@@ -11,7 +11,9 @@
  * cap_plan_walk), then the op waits for every swap-in it needs (that wait
  * is the prefetch's lateness and counts in stall_ns). At its start,
  * prefetches whose in-trigger it is are issued and its first-touched
- * activations are allocated; at its end, the evictions after it are carried
+ * activations are allocated (an allocation over the plan's budget waits
+ * for the running swap-outs first, as the client's allocator does: a
+ * stall, in room_wait_ns too); at its end, the evictions after it are carried
  * out (swap: D2H issued, memory held until the copy ends, the compute
  * stream waits for it with CAP_ACTION_SYNC_OUT; recompute: memory released
  * at once).
@@ -89,6 +91,7 @@ typedef struct {
   copy_t *copies; /* swap action i: D2H 2i, H2D 2i+1 */
   engine_t eng[2];
   int64_t eng_t; /* engines advanced up to here */
+  uint64_t budget;   /* device bytes an allocation waits to fit in; 0: none */
   uint32_t *pf_slot; /* action -> index in out->prefetches */
   /* Per-op buckets (CSR over op seqs). */
   uint32_t *trig_off, *trig; /* actions whose in-trigger op is the op */
@@ -387,6 +390,24 @@ static int64_t wait_copy(sim_t *s, uint32_t ci) {
 
 /* --- compute stream -------------------------------------------------------- */
 
+/* An allocation of `need` bytes at time t that does not fit the budget
+ * waits for the running swap-outs, oldest first, until it fits or none is
+ * left (the client's allocator, evict.c cap__alloc_for); returns when it
+ * may allocate. */
+static int64_t wait_for_room(sim_t *s, uint64_t need, int64_t t) {
+  advance_to(s, t);
+  while (!s->err && s->budget && s->mem + need > s->budget &&
+         s->eng[DIR_D2H].cur >= 0) {
+    int64_t done = wait_copy(s, (uint32_t)s->eng[DIR_D2H].cur);
+    if (done > t) {
+      s->out->stall_ns += done - t;
+      s->out->room_wait_ns += done - t;
+      t = done;
+    }
+  }
+  return t;
+}
+
 static bool lists_tensor(const uint32_t *v, uint32_t n, uint32_t id) {
   for (uint32_t i = 0; i < n; i++)
     if (v[i] == id)
@@ -463,7 +484,12 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
     }
     if (s->err)
       break;
-    advance_to(s, t);
+    uint64_t need = 0;
+    for (uint32_t j = 0; j < o->n_out; j++)
+      if (!lists_tensor(in, o->n_in, out[j]) &&
+          s->t[out[j]].temp_gen != s->list_gen && !lists_tensor(out, j, out[j]))
+        need += s->t[out[j]].bytes;
+    t = wait_for_room(s, need, t);
     for (uint32_t j = 0; j < o->n_out; j++) {
       uint32_t y = out[j];
       tens_t *yt = &s->t[y];
@@ -740,7 +766,19 @@ static void simulate(sim_t *s) {
     }
     if (s->err)
       break;
-    /* The op starts. */
+    /* The op starts, once its first-touched activations fit. */
+    uint64_t need = 0;
+    for (uint32_t j = 0; j < n_all; j++) {
+      uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
+      bool dup = false; /* (an optimizer step lists thousands, none unborn) */
+      for (uint32_t q = 0; s->t[id].state == CAP__TS_UNBORN && q < j && !dup;
+           q++)
+        dup = (q < o->n_in ? in[q] : outs[q - o->n_in]) == id;
+      if (!dup && s->t[id].state == CAP__TS_UNBORN)
+        need += s->t[id].bytes;
+    }
+    if (need)
+      t = wait_for_room(s, need, t);
     int64_t start = t;
     advance_to(s, start);
     s->op_started = true;
@@ -833,6 +871,7 @@ static int run_sim(const cap_profile_t *p, const cap_plan_t *plan,
   s.bw = *bw;
   s.out = out;
   s.list_gen = 1;
+  s.budget = plan ? plan->budget_bytes : 0;
   s.record = res != NULL;
   if (s.record) {
     s.open_res = malloc((p->n_tensors ? p->n_tensors : 1) * sizeof *s.open_res);

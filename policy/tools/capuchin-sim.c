@@ -346,11 +346,12 @@ static void print_results(const sim_args_t *a, uint64_t budget,
       printf(",\"feasible\":%s,\"peak_bytes\":%" PRIu64 ",\"iter_ns\":%" PRId64
              ",\"overhead_pct\":%.3f,\"swap_out_bytes\":%" PRIu64
              ",\"swap_in_bytes\":%" PRIu64 ",\"recompute_ns\":%" PRId64
-             ",\"stall_ns\":%" PRId64 ",\"plan_ms\":%.3f",
+             ",\"stall_ns\":%" PRId64 ",\"room_wait_ns\":%" PRId64
+             ",\"plan_ms\":%.3f",
              r[i].rc == 0 ? "true" : "false", s->peak_bytes, s->iter_ns,
              100.0 * (double)(s->iter_ns - base_ns) / (double)base_ns,
              s->swap_out_bytes, s->swap_in_bytes, s->recompute_ns, s->stall_ns,
-             r[i].plan_ms);
+             s->room_wait_ns, r[i].plan_ms);
       if (r[i].arena_bytes)
         printf(",\"arena_bytes\":%" PRIu64 ",\"outside_arena_bytes\":%" PRIu64
                ",\"placed_peak_bytes\":%" PRIu64,

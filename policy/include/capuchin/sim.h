@@ -48,13 +48,17 @@ typedef struct cap_sim_result {
   uint64_t swap_in_bytes;
   int64_t recompute_ns; /* compute time spent replaying ops */
   int64_t stall_ns;     /* compute stream waiting on copies */
+  int64_t room_wait_ns; /* of which allocations waiting for room */
   cap_sim_prefetch_t *prefetches; /* one per swap action, in action order */
   uint32_t n_prefetches;
   cap_curve_t curve; /* device bytes over the simulated iteration */
 } cap_sim_result_t;
 
 /* Simulate `plan` (NULL: unmanaged) on profile p. The plan must be valid for
- * p (cap_plan_validate). Fills *out; release with cap_sim_result_close. */
+ * p (cap_plan_validate). An allocation that would take the device over the
+ * plan's budget_bytes (when not 0) waits for the running swap-outs first
+ * (docs/plan-semantics.md, "Waiting for room"). Fills *out; release with
+ * cap_sim_result_close. */
 int cap_sim_run(const cap_profile_t *p, const cap_plan_t *plan,
                 const cap_bandwidth_t *bw, cap_sim_result_t *out);
 void cap_sim_result_close(cap_sim_result_t *r);

@@ -492,8 +492,10 @@ static void test_bad_arguments(void) {
 /* A swap-out that outlasts the op after its evicted-access: a1 (8 MiB, the
  * copy takes 152 us) leaves after op1, op2 lasts 39 us, and op3 needs the
  * room. The greedy books the swap's memory from op4 on and has nothing left
- * for op3; a swap whose next op waits for its copy (CAP_ACTION_SYNC_OUT)
- * fits. (The install test's consumer model under load; 23 of 200 random
+ * for op3; the plan fits because op3's allocation waits for the copy
+ * (docs/plan-semantics.md), 112 us, sooner than a swap whose next op waits
+ * for it (CAP_ACTION_SYNC_OUT: 152 us; the only way before allocations
+ * waited). (The install test's consumer model under load; 23 of 200 random
  * timings of it found no plan before.) Op0 takes 344 us: replaying a1
  * would cost more than its copy, and the plan keeps the swap. */
 static void test_late_swap_out_fits(void) {
@@ -529,12 +531,34 @@ static void test_late_swap_out_fits(void) {
   CHECK_EQ(cap_plan_compute(p, "capuchin", &cfg, &plan), 0);
   REQUIRE(plan);
   CHECK(plan->predicted_peak_bytes <= cfg.budget_bytes);
-  bool sync = false;
-  for (uint32_t i = 0; i < plan->n_actions; i++)
-    sync |= plan->actions[i].tensor == 1 &&
-            (plan->actions[i].flags & CAP_ACTION_SYNC_OUT);
-  CHECK(sync);
   CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), 0);
+  uint32_t swap = CAP_NONE;
+  for (uint32_t i = 0; i < plan->n_actions; i++)
+    if (plan->actions[i].tensor == 1 &&
+        plan->actions[i].method == CAP_METHOD_SWAP)
+      swap = i;
+  REQUIRE(swap != CAP_NONE);
+  cap_sim_result_t r;
+  REQUIRE(cap_sim_run(p, plan, &cfg.bw, &r) == 0);
+  CHECK(r.room_wait_ns > 0);
+  CHECK(r.peak_bytes <= cfg.budget_bytes);
+  int64_t waited = r.iter_ns;
+  cap_sim_result_close(&r);
+  /* the compute stream waiting for the copy right after op1 fits too, but
+   * waits longer */
+  plan->actions[swap].flags |= CAP_ACTION_SYNC_OUT;
+  REQUIRE(cap_sim_run(p, plan, &cfg.bw, &r) == 0);
+  CHECK(r.peak_bytes <= cfg.budget_bytes);
+  CHECK(r.iter_ns > waited);
+  CHECK_EQ(r.room_wait_ns, 0);
+  cap_sim_result_close(&r);
+  /* without the wait for room (no budget: nothing to wait for) the plan
+   * goes over the budget at op3 */
+  plan->actions[swap].flags &= ~CAP_ACTION_SYNC_OUT;
+  plan->budget_bytes = 0;
+  REQUIRE(cap_sim_run(p, plan, &cfg.bw, &r) == 0);
+  CHECK(r.peak_bytes > cfg.budget_bytes);
+  cap_sim_result_close(&r);
   cap_plan_destroy(plan);
   cap_profile_destroy(p);
 }

@@ -659,6 +659,111 @@ static void test_inplace_rules(void) {
   cap_profile_destroy(p);
 }
 
+/*
+ * An allocation that does not fit the plan's budget waits for the running
+ * swap-outs (docs/plan-semantics.md), as the client's allocator does.
+ * Tensors: 0 P param 100; 1 A 1000; 2 B 10; 3 C 500.
+ * op0 [0,100] -> A     op1 [100,200] A -> B (A swapped out after: D2H
+ * 200..1200)           op2 [200,300] B -> C (C first touched: 500 more)
+ * op3 [300,1500] C     op4 [1500,1600] A (on demand)
+ * free B at 300, C at 1500, A at 1600.
+ * At op2's start the device holds P, A (its copy runs), B: 1110, and C
+ * needs 500. Budget 1200: op2 waits for A's copy to end at 1200 (a stall
+ * of 1000), then 610; op3 runs 1300..2500, A comes back 2500..3500 (1000
+ * more), op4 ends at 3600; the peak is 1110, at 100. Without a budget
+ * (0) nothing waits: 1610 at 200, and op4 waits only for its copy
+ * (1500..2500). Budget 1610: it fits, nothing waits.
+ */
+static cap_profile_t *room_profile(void) {
+  uint64_t bytes[] = {100, 1000, 10, 500};
+  cap_tensor_kind_t kind[] = {CAP_KIND_PARAM, CAP_KIND_ACTIVATION,
+                              CAP_KIND_ACTIVATION, CAP_KIND_ACTIVATION};
+  op_spec_t ops[] = {
+      {0, 100, {0}, 0, {1}, 1, NULL},     {100, 200, {1}, 1, {2}, 1, NULL},
+      {200, 300, {2}, 1, {3}, 1, NULL},   {300, 1500, {3}, 1, {0}, 0, NULL},
+      {1500, 1600, {1}, 1, {0}, 0, NULL},
+  };
+  int64_t frees[][2] = {{300, 2}, {1500, 3}, {1600, 1}};
+  return build(bytes, kind, 4, ops, 5, frees, 3);
+}
+
+static void test_wait_for_room(void) {
+  cap_profile_t *p = room_profile();
+  REQUIRE(p);
+  const struct {
+    uint64_t budget;
+    int64_t iter, stall, room_wait;
+    uint64_t peak;
+  } cases[] = {
+      {1200, 3600, 2000, 1000, 1110},
+      {0, 2600, 1000, 0, 1610},
+      {1610, 2600, 1000, 0, 1610},
+      /* more than any wait can free: it waits for all of it and goes over */
+      {500, 3600, 2000, 1000, 1110},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    cap_plan_t *plan = cap_plan_create("test", cases[i].budget);
+    REQUIRE(plan);
+    CHECK_EQ(cap_plan_add_swap(plan, 1, 2, N, 0, 0), 0);
+    cap_sim_result_t r;
+    REQUIRE(cap_sim_run(p, plan, &BW1, &r) == 0);
+    CHECK_EQ(r.iter_ns, cases[i].iter);
+    CHECK_EQ(r.stall_ns, cases[i].stall);
+    CHECK_EQ(r.room_wait_ns, cases[i].room_wait);
+    CHECK_EQ(r.peak_bytes, cases[i].peak);
+    CHECK_EQ(r.prefetches[0].late_ns, 1000);
+    cap_sim_result_close(&r);
+    cap_plan_destroy(plan);
+  }
+  cap_profile_destroy(p);
+}
+
+/*
+ * A recompute list's allocations wait for room too. Tensors: 0 P param
+ * 100; 1 X 10; 2 Y 50; 3 A 1000.
+ * op0 [0,100] -> X, Y  op1 [100,200] -> A  op2 [200,300] A, X, Y (A
+ * swapped out after it: D2H 300..1300; X dropped)
+ * op3 [300,400] X (X's list, op0, runs first: X, and a temporary Y)
+ * op4 [400,500] A, Y (A on demand)      free X at 400, A and Y at 500.
+ * Budget 1160, the peak at 100: at 300 the device holds P, Y and A
+ * (copying): 1150, and the list needs 60: it waits for the copy until
+ * 1300 (210 then), replays op0 1300..1400 (the temporary goes: 160), op3
+ * runs 1400..1500; A comes back 1500..2500, op4 runs 2500..2600.
+ */
+static void test_list_waits_for_room(void) {
+  uint64_t bytes[] = {100, 10, 50, 1000};
+  cap_tensor_kind_t kind[] = {CAP_KIND_PARAM, CAP_KIND_ACTIVATION,
+                              CAP_KIND_ACTIVATION, CAP_KIND_ACTIVATION};
+  op_spec_t ops[] = {
+      {0, 100, {0}, 0, {1, 2}, 2, NULL},      {100, 200, {0}, 0, {3}, 1, NULL},
+      {200, 300, {3, 1, 2}, 3, {0}, 0, NULL}, {300, 400, {1}, 1, {0}, 0, NULL},
+      {400, 500, {3, 2}, 2, {0}, 0, NULL},
+  };
+  int64_t frees[][2] = {{400, 1}, {500, 2}, {500, 3}};
+  cap_profile_t *p = build(bytes, kind, 4, ops, 5, frees, 3);
+  REQUIRE(p);
+  cap_plan_t *plan = cap_plan_create("test", 1160);
+  REQUIRE(plan);
+  uint32_t list[] = {0};
+  CHECK_EQ(cap_plan_add_swap(plan, 3, 2, N, 0, 0), 0);
+  CHECK_EQ(cap_plan_add_recompute(plan, 1, 2, list, 1), 0);
+  char err[256];
+  CHECK_EQ(cap_plan_validate(plan, p, err, sizeof err), 0);
+  cap_sim_result_t r;
+  REQUIRE(cap_sim_run(p, plan, &BW1, &r) == 0);
+  CHECK_EQ(r.room_wait_ns, 1000);
+  CHECK_EQ(r.recompute_ns, 100);
+  CHECK_EQ(r.iter_ns, 2600);
+  CHECK_EQ(r.stall_ns, 2000);
+  CHECK_EQ(r.peak_bytes, 1160);
+  CHECK_EQ(mem_at(&r, 1299), 1150);
+  CHECK_EQ(mem_at(&r, 1300), 210);
+  CHECK_EQ(mem_at(&r, 1400), 160);
+  cap_sim_result_close(&r);
+  cap_plan_destroy(plan);
+  cap_profile_destroy(p);
+}
+
 static void test_clone(void) {
   cap_plan_t *plan = cap_plan_create("a-very-long-policy-name-that-does-not-fit", 42);
   REQUIRE(plan);
@@ -696,6 +801,8 @@ int main(void) {
   RUN_TEST(test_release_persistent_refused);
   RUN_TEST(test_invalid_plans);
   RUN_TEST(test_inplace_rules);
+  RUN_TEST(test_wait_for_room);
+  RUN_TEST(test_list_waits_for_room);
   RUN_TEST(test_clone);
   return TEST_SUMMARY();
 }

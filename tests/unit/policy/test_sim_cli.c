@@ -91,10 +91,12 @@ static void test_all_policies_json(void) {
     CHECK(at != NULL);
     if (!at)
       continue;
-    const char *keys[] = {"peak_bytes", "iter_ns", "overhead_pct", "swap_out_bytes",
-                          "swap_in_bytes", "recompute_ns", "stall_ns", "plan_ms"};
+    const char *keys[] = {"peak_bytes",     "iter_ns",       "overhead_pct",
+                          "swap_out_bytes", "swap_in_bytes", "recompute_ns",
+                          "stall_ns",       "room_wait_ns",  "plan_ms"};
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
       CHECK(num_after(at, keys[k]) >= 0);
+    CHECK(num_after(at, "room_wait_ns") <= num_after(at, "stall_ns"));
     CHECK(num_after(at, "iter_ns") >= p->ops[p->n_ops - 1].end_ns);
   }
   CHECK(strstr(r.out, "]}\n") != NULL);
