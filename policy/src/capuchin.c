@@ -56,6 +56,9 @@
 #define QUEUED_TRIES 32u /* swaps each pass off the queues tries */
 #define QUEUED_PASSES 3u /* its passes, each with a search after */
 #define GROUP_OPS 8u     /* multi-output ops the group move replays whole */
+/* plans stalling at least 1/STALL_REPLAN_DIV of their iteration are planned
+ * again with waits for room (cap__plan_capuchin) */
+#define STALL_REPLAN_DIV 1000
 
 static int push_choice(cap__ctx_t *c, const cap__choice_t *ch) {
   if (c->n_ch == c->cap_ch) {
@@ -1272,19 +1275,24 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
    * offered waits from the start, ends on slower plans (bench_bound: 35 of
    * the 75 feasible plans slower, inception_v3 at 50 % 5.63 -> 6.26 %, 13
    * faster). Then, where that plan stalls the compute stream anyway or
-   * does not fit (near the floor), plans that may wait, and the faster
-   * wins (10 plans faster, none slower: bert_base at 30 % with persistent
-   * eviction 14.8 -> 11.7 %, mobilenet_v2 at its floor + 5 % 142.7 ->
-   * 71.7 %). Short profiles only: on bert_large the second planner would
-   * double its planning time, and changed none of its plans. */
+   * does not fit (near the floor, but above it: below, nothing fits),
+   * plans that may wait, and the faster wins (10 plans faster, none slower:
+   * bert_base at 30 % with persistent eviction 14.8 -> 11.7 %, mobilenet_v2 at
+   * its floor + 5 % 142.7 -> 71.7 %). A stall under a thousandth of the
+   * iteration is not worth it (mobilenet_v2 at 60 %: 4 us), and neither are
+   * long profiles: on bert_large the second planner would double its planning
+   * time, and changed none of its plans. */
   int rc = plan_modes(p, cfg, false, &best);
   if (!rc)
     rc = predict_at_budget(best, p, cfg);
   bool again = false;
-  if (!rc && p->n_ops < CAP__SMALL_OPS) {
+  if (!rc && p->n_ops < CAP__SMALL_OPS &&
+      cap_plan_min_budget(p, cfg) <= cfg->budget_bytes) {
     cap_sim_result_t r;
     rc = cap_sim_run(p, best, &cfg->bw, &r);
-    again = !rc && (r.stall_ns > 0 || r.peak_bytes > cfg->budget_bytes);
+    again = !rc &&
+            ((r.stall_ns > 0 && r.stall_ns >= r.iter_ns / STALL_REPLAN_DIV) ||
+             r.peak_bytes > cfg->budget_bytes);
     cap_sim_result_close(&r);
   }
   if (again) {
