@@ -396,7 +396,7 @@ static int64_t wait_copy(sim_t *s, uint32_t ci) {
  * may allocate. */
 static int64_t wait_for_room(sim_t *s, uint64_t need, int64_t t) {
   advance_to(s, t);
-  while (!s->err && s->budget && s->mem + need > s->budget &&
+  while (!s->err && need && s->budget && s->mem + need > s->budget &&
          s->eng[DIR_D2H].cur >= 0) {
     int64_t done = wait_copy(s, (uint32_t)s->eng[DIR_D2H].cur);
     if (done > t) {
@@ -485,7 +485,7 @@ static int64_t run_list(sim_t *s, uint32_t action, int64_t t) {
     if (s->err)
       break;
     uint64_t need = 0;
-    for (uint32_t j = 0; j < o->n_out; j++)
+    for (uint32_t j = 0; s->budget && j < o->n_out; j++)
       if (!lists_tensor(in, o->n_in, out[j]) &&
           s->t[out[j]].temp_gen != s->list_gen && !lists_tensor(out, j, out[j]))
         need += s->t[out[j]].bytes;
@@ -768,7 +768,7 @@ static void simulate(sim_t *s) {
       break;
     /* The op starts, once its first-touched activations fit. */
     uint64_t need = 0;
-    for (uint32_t j = 0; j < n_all; j++) {
+    for (uint32_t j = 0; s->budget && j < n_all; j++) {
       uint32_t id = j < o->n_in ? in[j] : outs[j - o->n_in];
       bool dup = false; /* (an optimizer step lists thousands, none unborn) */
       for (uint32_t q = 0; s->t[id].state == CAP__TS_UNBORN && q < j && !dup;
@@ -777,8 +777,7 @@ static void simulate(sim_t *s) {
       if (!dup && s->t[id].state == CAP__TS_UNBORN)
         need += s->t[id].bytes;
     }
-    if (need)
-      t = wait_for_room(s, need, t);
+    t = wait_for_room(s, need, t);
     int64_t start = t;
     advance_to(s, start);
     s->op_started = true;
