@@ -1,7 +1,8 @@
 /*
  * Capuchin against the lower bound (issue 11, "Done when").
  *
- *   bench_bound [--bound FILE] [--traces DIR] [--before FILE] [--jsonl]
+ *   bench_bound [--bound FILE] [--traces DIR] [--before FILE] [--reach FILE]
+ *               [--jsonl]
  *
  * The bound is the LP of tools/lower_bound.py (it needs scipy, so it is
  * computed once and committed as tests/data/lower_bound_results.jsonl: one
@@ -16,6 +17,12 @@
  * --before FILE takes an earlier run's --jsonl output and adds the issue's
  * target per cell: at most halfway between that run's overhead and the
  * bound. --jsonl prints one JSON object per cell instead of the table.
+ *
+ * --reach FILE takes a tighter lower bound in the bound's format
+ * (tests/tools/lower_bound_tight.py, committed as
+ * tests/data/lower_bound_tight_results.jsonl) and counts the cells where it
+ * lies above a target: there no plan at all can meet it, however good the
+ * planner.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -49,6 +56,10 @@ typedef struct cell {
   /* --before: that run's capuchin overhead (NAN: none or infeasible) */
   double before_pct;
   bool have_before;
+  /* --reach: the tighter bound's extra time (NAN: none), and what it is of
+   * the unmanaged iteration capuchin's overhead is measured against */
+  double reach_ns;
+  double reach_pct;
 } cell_t;
 
 static int cmp_cell(const void *a, const void *b) {
@@ -91,6 +102,8 @@ static int read_bound(const char *path, cell_t *cells, size_t *n) {
     cap_json_field(line, "lb_overhead_pct", &lb, NULL, 0);
     c.evict_persistent = !strcmp(mode, "evict-persistent");
     c.before_pct = NAN;
+    c.reach_ns = NAN;
+    c.reach_pct = NAN;
     if (pct >= 100)
       continue;
     c.pct = pct;
@@ -144,6 +157,34 @@ static int read_before(const char *path, cell_t *cells, size_t n) {
   return 0;
 }
 
+/* Attach the tighter bound's overheads (--reach) to the cells of the same
+ * trace, mode and budget. */
+static int read_reach(const char *path, cell_t *cells, size_t n) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    perror(path);
+    return -1;
+  }
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    char trace[64], mode[32];
+    double budget, extra;
+    if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
+        !cap_json_field(line, "mode", NULL, mode, sizeof mode) ||
+        !cap_json_field(line, "budget_bytes", &budget, NULL, 0) ||
+        !cap_json_field(line, "extra_ns", &extra, NULL, 0))
+      continue; /* no bound: infeasible there */
+    bool ep = !strcmp(mode, "evict-persistent");
+    for (size_t i = 0; i < n; i++)
+      if (!strcmp(cells[i].trace, trace) && cells[i].evict_persistent == ep &&
+          cells[i].pct != FLOOR_PCT &&
+          cells[i].budget_bytes == (uint64_t)budget)
+        cells[i].reach_ns = extra;
+  }
+  fclose(f);
+  return 0;
+}
+
 static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
   cap_plan_config_t cfg;
   cap_plan_config_init(&cfg, c->budget_bytes);
@@ -165,6 +206,9 @@ static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
     return rc;
   c->peak_bytes = r.peak_bytes;
   c->feasible = r.peak_bytes <= c->budget_bytes;
+  /* the files' percentages are of the LP's unmanaged iteration (the ops'
+   * span); a plan's extra time at least reach_ns is this much of ours */
+  c->reach_pct = 100.0 * c->reach_ns / (double)free_iter;
   c->cap_pct = 100.0 * (double)(r.iter_ns - free_iter) / (double)free_iter;
   cap_sim_result_close(&r);
   return 0;
@@ -189,6 +233,69 @@ static bool meets_halfway(const cell_t *c) {
   return c->cap_pct <= (c->before_pct + c->bound_pct) / 2 + 0.005;
 }
 
+/* The cell's name as the notes give it: "vgg16 80 % EP". */
+static void cell_name(const cell_t *c, char *buf, size_t len) {
+  int k = (int)strcspn(c->trace, ".");
+  snprintf(buf, len, "%.*s %.0f %%%s", k, c->trace, c->pct,
+           c->evict_persistent ? " EP" : "");
+}
+
+/* One target against the tighter bound (--reach): the cells that meet it,
+ * those where no plan can (the tighter bound above it), and the others,
+ * named with what they need. want(c) is the target's overhead, NAN where
+ * the cell has none. */
+static void reach_line(const cell_t *cells, size_t n, const char *what,
+                       double (*want)(const cell_t *), size_t need) {
+  size_t met = 0, out = 0, open = 0;
+  char names[4096] = "";
+  for (size_t i = 0; i < n; i++) {
+    const cell_t *c = &cells[i];
+    double w = want(c);
+    if (isnan(w))
+      continue;
+    if (c->feasible && c->cap_pct <= w) {
+      met++;
+    } else if (c->reach_pct > w) {
+      out++;
+    } else {
+      open++;
+      char name[96], item[192];
+      cell_name(c, name, sizeof name);
+      snprintf(item, sizeof item, "%s%s %.2f, needs %.2f (no plan under %.2f)",
+               open > 1 ? "; " : "", name, c->cap_pct, w, c->reach_pct);
+      strncat(names, item, sizeof names - strlen(names) - 1);
+    }
+  }
+  printf("%s: met in %zu cells, out of reach of any plan in %zu (--reach above "
+         "it), open in %zu",
+         what, met, out, open);
+  if (need)
+    printf("; a median there needs %zu, at most %zu can", need, met + open);
+  printf("\n");
+  if (open)
+    printf("  open: %s\n", names);
+}
+
+static double want_ratio(const cell_t *c) {
+  return isnan(ratio(c)) || isnan(c->reach_pct) ? NAN : 1.5 * c->bound_pct;
+}
+
+static double want_halfway(const cell_t *c) {
+  if (!c->have_before || c->pct == FLOOR_PCT || !c->bound_feasible ||
+      isnan(c->bound_pct) || isnan(c->reach_pct))
+    return NAN;
+  if (isnan(c->before_pct)) /* none before: any plan meets it */
+    return INFINITY;
+  return (c->before_pct + c->bound_pct) / 2 + 0.005;
+}
+
+static void print_reach(const cell_t *cells, size_t n, size_t nq,
+                        bool have_before) {
+  reach_line(cells, n, "1.5x the bound", want_ratio, nq / 2 + 1);
+  if (have_before)
+    reach_line(cells, n, "halfway", want_halfway, 0);
+}
+
 static void fmt_cell(const cell_t *c, char *buf, size_t len) {
   char bound[16], cap[16], r[16];
   if (!c->bound_feasible)
@@ -210,7 +317,8 @@ static void fmt_cell(const cell_t *c, char *buf, size_t len) {
            meets_halfway(c) ? "" : " !");
 }
 
-static void print_table(const cell_t *cells, size_t n, bool have_before) {
+static void print_table(const cell_t *cells, size_t n, bool have_before,
+                        bool have_reach) {
   printf("overhead %% of the unmanaged iteration: bound / capuchin (ratio)%s;\n"
          "inf: no plan can exist; -: capuchin finds none although one may;\n"
          "floor+5%%: the bound's smallest feasible budget + 5 %% of the "
@@ -274,6 +382,8 @@ static void print_table(const cell_t *cells, size_t n, bool have_before) {
   if (have_before)
     printf("halfway from --before to the bound: %zu of %zu cells\n", n_half,
            n_half_of);
+  if (have_reach)
+    print_reach(cells, n, nq, have_before);
   printf("slowest plan: %.0f ms\n", ms_max);
   free(q);
 }
@@ -294,7 +404,7 @@ static void print_jsonl(const cell_t *cells, size_t n) {
 int main(int argc, char **argv) {
   const char *bound = CAP_SOURCE_DIR "/tests/data/lower_bound_results.jsonl";
   const char *dir = CAP_SOURCE_DIR "/tests/data/traces";
-  const char *before = NULL;
+  const char *before = NULL, *reach = NULL;
   bool jsonl = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bound") && i + 1 < argc)
@@ -303,18 +413,23 @@ int main(int argc, char **argv) {
       dir = argv[++i];
     else if (!strcmp(argv[i], "--before") && i + 1 < argc)
       before = argv[++i];
+    else if (!strcmp(argv[i], "--reach") && i + 1 < argc)
+      reach = argv[++i];
     else if (!strcmp(argv[i], "--jsonl"))
       jsonl = true;
     else {
       fprintf(stderr,
-              "usage: %s [--bound FILE] [--traces DIR] [--before FILE] [--jsonl]\n",
+              "usage: %s [--bound FILE] [--traces DIR] [--before FILE] "
+              "[--reach FILE] [--jsonl]\n",
               argv[0]);
       return 64;
     }
   }
   static cell_t cells[MAX_CELLS];
   size_t n;
-  if (read_bound(bound, cells, &n) || (before && read_before(before, cells, n)))
+  if (read_bound(bound, cells, &n) ||
+      (before && read_before(before, cells, n)) ||
+      (reach && read_reach(reach, cells, n)))
     return 1;
   for (size_t i = 0; i < n;) {
     char path[4096], err[256];
@@ -345,6 +460,6 @@ int main(int argc, char **argv) {
   if (jsonl)
     print_jsonl(cells, n);
   else
-    print_table(cells, n, before != NULL);
+    print_table(cells, n, before != NULL, reach != NULL);
   return 0;
 }

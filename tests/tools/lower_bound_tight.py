@@ -112,6 +112,23 @@ cost, if any, lies after o or is not counted); the two values add up (forced_ns;
 50 %: the first convolution's 784 MiB output, off during op 164 and due at op 165, then the
 weight gradients due at the optimizer after op 169).  o is the best single pinch op
 (forced_op), o1 the best earlier one (forced_first_op).
+
+COPIES OUT FIRST.  A candidate copied off for o must also have been copied OUT before o
+starts: the simulator gives its memory back only when its D2H copy ends (an op that would
+allocate over the budget waits for it, and an op that allocates nothing runs at the level an
+earlier allocation reached with the candidate still there), and the copy starts after the
+candidate's last access a before o ends.  Copies out of the device run one at a time at
+most 55.1 bytes/ns, so for every such a the candidates copied whose a_t >= a take at least
+their bytes / 55.1 ns between end(a) and start(o), and the time inserted there is at least
+that minus start(o) - end(a): zb >= sum_{a_t >= a} f_t bytes_t / 55.1 - (start(o) - end(a)).
+That time lies before o starts, the copies back and the replays after it ends: the plan's
+extra time is at least zb + z, z as above.  forced_at(out=True) solves the MILP with zb
+added to the cost and every replay in it, at the FORCED_OPS pinch ops of largest
+out-and-back copy-only values (forced_out_ns, forced_out_op; extra_ns is the largest of the
+LP, forced_ns and forced_out_ns).  (vgg16 at 60 %: the first convolution's 784 MiB output
+cannot leave by copy before the classifier's pinch without 1.9 ms of waiting, as long as
+replaying it; 2.77 ms where the LP and forced_ns give 1.91.)  Not added to TWO PINCHES: the
+time before o may be the time after o1.
 """
 import json
 import os
@@ -295,9 +312,9 @@ class TightBound(lb.LowerBound):
                 and sum(tr.dur[op] for op in self.forced_closure(*c))
                 < tr.size[c[0]] / lb.H2D_GBPS}
 
-    def forced_at(self, o, X, cands, most):
+    def forced_at(self, o, X, cands, most, out=False):
         """The MILP of FORCED COPIES at pinch op o, most its copy-only value: (extra ns or
-        None, solver status)."""
+        None, solver status). out: with COPIES OUT FIRST (the time inserted before o too)."""
         tr = self.tr
         k = len(cands)
         # A replay whose closure alone runs at least the copy-only value is left out: a
@@ -309,9 +326,9 @@ class TightBound(lb.LowerBound):
         ops = sorted({op for _, cl in reps for op in cl})
         opcol = {op: i for i, op in enumerate(ops)}
         nx, ny = len(reps), len(ops)
-        # columns: f[k], x[nx], y[ny], z
-        nv = k + nx + ny + 1
-        zc = nv - 1
+        # columns: f[k], x[nx], y[ny], z, then zb with out
+        nv = k + nx + ny + 1 + out
+        zc = k + nx + ny
         MB = 1e6
         rows, cols, vals, rhs = [], [], [], []
         r = 0
@@ -345,10 +362,22 @@ class TightBound(lb.LowerBound):
         for op, c in opcol.items():
             rows.append(r); cols.append(k + nx + c); vals.append(tr.dur[op] / lb.US)
         rows.append(r); cols.append(zc); vals.append(-1.0); rhs.append(0.0); r += 1
+        if out:
+            # per threshold a: sum_{a_t >= a} f bytes / BW - zb <= start(o) - end(a)   (in us)
+            order = sorted(range(k), key=lambda i: -cands[i][1])
+            pos, members = 0, []
+            for a in sorted({c[1] for c in cands}, reverse=True):
+                while pos < k and cands[order[pos]][1] >= a:
+                    members.append(order[pos]); pos += 1
+                for i in members:
+                    rows.append(r); cols.append(i)
+                    vals.append(tr.size[cands[i][0]] / lb.D2H_GBPS / lb.US)
+                rows.append(r); cols.append(zc + 1); vals.append(-1.0)
+                rhs.append((tr.ts[o] - tr.te[a]) / lb.US); r += 1
         A = lb.sp.csr_matrix((vals, (rows, cols)), shape=(r, nv))
-        cost = np.zeros(nv); cost[zc] = 1.0
+        cost = np.zeros(nv); cost[zc:] = 1.0
         lo = np.zeros(nv)
-        hi = np.concatenate([np.ones(k + nx), np.full(ny + 1, np.inf)])
+        hi = np.concatenate([np.ones(k + nx), np.full(ny + 1 + out, np.inf)])
         # a tensor is on the device, copied or replayed whole: integral for the largest
         # candidates (a relaxation of the rest is still a bound)
         integ = np.zeros(nv)
@@ -422,6 +451,40 @@ class TightBound(lb.LowerBound):
         more, first_op = self.best_pinch(first)
         return best + more, best_op, first_op
 
+    def out_only(self, o, X, cands):
+        """The time COPIES OUT FIRST inserts before o with every byte off copied: the
+        earliest evicted first (fractions allowed), the most any threshold is late."""
+        tr = self.tr
+        left, off = X, []
+        for x, a, _ in sorted(cands, key=lambda c: c[1]):
+            if left <= 0:
+                break
+            off.append((a, min(left, tr.size[x])))
+            left -= tr.size[x]
+        worst, acc = 0.0, 0.0
+        for a, b in sorted(off, reverse=True):
+            acc += b
+            worst = max(worst, acc / lb.D2H_GBPS - (tr.ts[o] - tr.te[a]))
+        return worst
+
+    def forced_out(self, budget):
+        """forced_out_ns (COPIES OUT FIRST) and its pinch op; (0, None) when no op pinches.
+        The FORCED_OPS pinch ops tried are those of the largest copy-only values, out and
+        back in."""
+        scored = []
+        for o, X in self.pinch(budget).items():
+            cands, free = self.candidates(o)
+            X -= free
+            if X > 0 and cands:
+                scored.append((self.out_only(o, X, cands) + self.copy_only(o, X, cands),
+                               o, X, cands))
+        best, best_op = 0.0, None
+        for _, o, X, cands in sorted(scored, key=lambda s: -s[0])[:FORCED_OPS]:
+            v, _ = self.forced_at(o, X, cands, float('inf'), out=True)
+            if v is not None and v > best:
+                best, best_op = v, o
+        return best, best_op
+
     def solve(self, budget, verbose=False):
         C, _ = self.checkpoints(budget)          # the same checkpoints solve() will use
         Cl, W = C.tolist(), len(C) + 1
@@ -491,7 +554,9 @@ class TightBound(lb.LowerBound):
             res['lp_extra_ns'] = res['extra_ns']
             res['forced_ns'], res['forced_op'] = round(f, 1), op
             res['forced_first_op'] = first_op
-            res['extra_ns'] = max(res['extra_ns'], f)
+            fo, fo_op = self.forced_out(budget)
+            res['forced_out_ns'], res['forced_out_op'] = round(fo, 1), fo_op
+            res['extra_ns'] = max(res['extra_ns'], f, fo)
         return res
 
     def _kept_gaps(self, Cl):
