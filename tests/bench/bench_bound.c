@@ -261,7 +261,7 @@ static void reach_line(const cell_t *cells, size_t n, const char *what,
       open++;
       char name[96], item[192];
       cell_name(c, name, sizeof name);
-      snprintf(item, sizeof item, "%s%s %.2f, needs %.2f (no plan under %.2f)",
+      snprintf(item, sizeof item, "%s%s %.3f, needs %.3f (no plan under %.3f)",
                open > 1 ? "; " : "", name, c->cap_pct, w, c->reach_pct);
       strncat(names, item, sizeof names - strlen(names) - 1);
     }

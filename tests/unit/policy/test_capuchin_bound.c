@@ -6,7 +6,11 @@
  *    file the bound solves, and at its smallest feasible budget + 5 % of
  *    the activations, in both modes;
  *  - where the bound says none can exist, capuchin reports none;
- *  - with persistent eviction a plan is never slower than without it.
+ *  - with persistent eviction a plan is never slower than without it;
+ *  - no plan costs less than the tighter bound of
+ *    tests/tools/lower_bound_tight.py (its committed results,
+ *    tests/data/lower_bound_tight_results.jsonl): a plan under it means the
+ *    simulator or the bound's argument is wrong.
  * Every plan is valid and re-simulates to what the planner reported.
  *
  * CAP_BOUND_PCTS (e.g. "50") keeps only those budgets, the floor + 5 % then
@@ -31,10 +35,12 @@ typedef struct row {
   double pct;
   uint64_t budget_bytes, floor_bytes, peak_bytes, persistent_bytes;
   bool feasible;
+  double extra_ns; /* the bound's least extra time (0 without one) */
 } row_t;
 
-static void read_rows(row_t *rows, size_t max, size_t *n_out) {
-  FILE *f = fopen(cap_test_data("lower_bound_results.jsonl"), "r");
+static void read_rows(const char *file, row_t *rows, size_t max,
+                      size_t *n_out) {
+  FILE *f = fopen(cap_test_data(file), "r");
   REQUIRE(f);
   char line[4096];
   size_t n = 0;
@@ -59,10 +65,21 @@ static void read_rows(row_t *rows, size_t max, size_t *n_out) {
     r.peak_bytes = (uint64_t)peak;
     r.persistent_bytes = (uint64_t)pers;
     r.feasible = !strcmp(status, "optimal");
+    cap_json_field(line, "extra_ns", &r.extra_ns, NULL, 0);
     rows[n++] = r;
     *n_out = n;
   }
   fclose(f);
+}
+
+/* The tighter bound's row for r's trace, mode and budget, or NULL. */
+static const row_t *tight_row(const row_t *tight, size_t n, const row_t *r) {
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(tight[i].trace, r->trace) &&
+        tight[i].evict_persistent == r->evict_persistent &&
+        tight[i].budget_bytes == r->budget_bytes)
+      return &tight[i];
+  return NULL;
 }
 
 /* Plan, check the plan, return the result code; *iter the simulated
@@ -132,12 +149,15 @@ static bool trace_wanted(const char *trace) {
 }
 
 static void test_bound_verdicts(void) {
-  static row_t rows[256];
-  size_t n;
-  read_rows(rows, 256, &n);
+  static row_t rows[256], tight[256];
+  size_t n, n_tight;
+  read_rows("lower_bound_results.jsonl", rows, 256, &n);
+  read_rows("lower_bound_tight_results.jsonl", tight, 256, &n_tight);
   CHECK(n >= 70); /* seven traces, two modes, five budgets and 100 % */
+  CHECK_EQ(n_tight, n);
   double first;
   cap_profile_t *p = NULL;
+  int64_t free_iter = 0; /* the unmanaged iteration of the loaded trace */
   char loaded[64] = "";
   for (size_t i = 0; i < n; i++) {
     const row_t *r = &rows[i];
@@ -151,6 +171,11 @@ static void test_bound_verdicts(void) {
       memcpy(rel + 7, r->trace, sizeof r->trace);
       REQUIRE(cap_trace_load(cap_test_data(rel), &p, err, sizeof err) == 0);
       memcpy(loaded, r->trace, sizeof loaded);
+      cap_bandwidth_t bw = CAP_BANDWIDTH_H100;
+      cap_sim_result_t base;
+      REQUIRE(cap_sim_run(p, NULL, &bw, &base) == 0);
+      free_iter = base.iter_ns;
+      cap_sim_result_close(&base);
     }
     int64_t iter, pinned;
     int rc = plan_at(p, r->trace, r->budget_bytes, r->evict_persistent, &iter);
@@ -158,6 +183,18 @@ static void test_bound_verdicts(void) {
            r->evict_persistent ? "evict" : "pinned", r->pct,
            r->feasible ? "fits" : "none", rc == 0 ? "fits" : "none");
     CHECK_EQ(rc == 0, r->feasible);
+    const row_t *t = tight_row(tight, n_tight, r);
+    CHECK(t != NULL);
+    if (rc == 0 && t) {
+      /* the LP's optimum is exact to its solver's tolerance */
+      double least = t->extra_ns * (1 - 1e-6) - 10;
+      if ((double)(iter - free_iter) < least)
+        fprintf(stderr,
+                "%s %.0f%%: %lld ns over the unmanaged iteration, "
+                "under the tighter bound's %.0f\n",
+                r->trace, r->pct, (long long)(iter - free_iter), t->extra_ns);
+      CHECK((double)(iter - free_iter) >= least);
+    }
     if (r->evict_persistent) {
       plan_at(p, r->trace, r->budget_bytes, false, &pinned);
       if (pinned >= 0) {
