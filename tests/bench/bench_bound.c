@@ -129,60 +129,54 @@ static int read_bound(const char *path, cell_t *cells, size_t *n) {
   return 0;
 }
 
-/* Attach an earlier run's overheads (its --jsonl output) to the cells. */
-static int read_before(const char *path, cell_t *cells, size_t n) {
+/* Call attach(line, cells, n) for every line of the file at path. */
+static int each_line(const char *path, cell_t *cells, size_t n,
+                     void (*attach)(const char *, cell_t *, size_t)) {
   FILE *f = fopen(path, "r");
   if (!f) {
     perror(path);
     return -1;
   }
   char line[4096];
-  while (fgets(line, sizeof line, f)) {
-    char trace[64];
-    double ep, pct, feasible, cap;
-    if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
-        !cap_json_field(line, "evict_persistent", &ep, NULL, 0) ||
-        !cap_json_field(line, "pct", &pct, NULL, 0) ||
-        !cap_json_field(line, "feasible", &feasible, NULL, 0) ||
-        !cap_json_field(line, "capuchin_pct", &cap, NULL, 0))
-      continue;
-    for (size_t i = 0; i < n; i++)
-      if (!strcmp(cells[i].trace, trace) && cells[i].evict_persistent == (ep != 0) &&
-          cells[i].pct == pct) {
-        cells[i].have_before = true;
-        cells[i].before_pct = feasible != 0 ? cap : NAN;
-      }
-  }
+  while (fgets(line, sizeof line, f))
+    attach(line, cells, n);
   fclose(f);
   return 0;
 }
 
-/* Attach the tighter bound's overheads (--reach) to the cells of the same
- * trace, mode and budget. */
-static int read_reach(const char *path, cell_t *cells, size_t n) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    perror(path);
-    return -1;
-  }
-  char line[4096];
-  while (fgets(line, sizeof line, f)) {
-    char trace[64], mode[32];
-    double budget, extra;
-    if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
-        !cap_json_field(line, "mode", NULL, mode, sizeof mode) ||
-        !cap_json_field(line, "budget_bytes", &budget, NULL, 0) ||
-        !cap_json_field(line, "extra_ns", &extra, NULL, 0))
-      continue; /* no bound: infeasible there */
-    bool ep = !strcmp(mode, "evict-persistent");
-    for (size_t i = 0; i < n; i++)
-      if (!strcmp(cells[i].trace, trace) && cells[i].evict_persistent == ep &&
-          cells[i].pct != FLOOR_PCT &&
-          cells[i].budget_bytes == (uint64_t)budget)
-        cells[i].reach_ns = extra;
-  }
-  fclose(f);
-  return 0;
+/* An earlier run's overhead (a line of its --jsonl output), to its cell. */
+static void attach_before(const char *line, cell_t *cells, size_t n) {
+  char trace[64];
+  double ep, pct, feasible, cap;
+  if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
+      !cap_json_field(line, "evict_persistent", &ep, NULL, 0) ||
+      !cap_json_field(line, "pct", &pct, NULL, 0) ||
+      !cap_json_field(line, "feasible", &feasible, NULL, 0) ||
+      !cap_json_field(line, "capuchin_pct", &cap, NULL, 0))
+    return;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(cells[i].trace, trace) &&
+        cells[i].evict_persistent == (ep != 0) && cells[i].pct == pct) {
+      cells[i].have_before = true;
+      cells[i].before_pct = feasible != 0 ? cap : NAN;
+    }
+}
+
+/* The tighter bound's extra time (--reach, a line in the bound's format), to
+ * the cell of the same trace, mode and budget. */
+static void attach_reach(const char *line, cell_t *cells, size_t n) {
+  char trace[64], mode[32];
+  double budget, extra;
+  if (!cap_json_field(line, "trace", NULL, trace, sizeof trace) ||
+      !cap_json_field(line, "mode", NULL, mode, sizeof mode) ||
+      !cap_json_field(line, "budget_bytes", &budget, NULL, 0) ||
+      !cap_json_field(line, "extra_ns", &extra, NULL, 0))
+    return; /* no bound: infeasible there */
+  bool ep = !strcmp(mode, "evict-persistent");
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(cells[i].trace, trace) && cells[i].evict_persistent == ep &&
+        cells[i].pct != FLOOR_PCT && cells[i].budget_bytes == (uint64_t)budget)
+      cells[i].reach_ns = extra;
 }
 
 static int plan_cell(const cap_profile_t *p, int64_t free_iter, cell_t *c) {
@@ -428,8 +422,8 @@ int main(int argc, char **argv) {
   static cell_t cells[MAX_CELLS];
   size_t n;
   if (read_bound(bound, cells, &n) ||
-      (before && read_before(before, cells, n)) ||
-      (reach && read_reach(reach, cells, n)))
+      (before && each_line(before, cells, n, attach_before)) ||
+      (reach && each_line(reach, cells, n, attach_reach)))
     return 1;
   for (size_t i = 0; i < n;) {
     char path[4096], err[256];
