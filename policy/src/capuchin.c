@@ -557,6 +557,12 @@ typedef struct ban {
   uint32_t tensor, k;
 } ban_t;
 
+/* The budget the plans built carry (cap__ctx_t.plan_budget): the job's when
+ * an allocation may wait for room in it, 0 when none may. */
+static uint64_t plan_budget(const cap_plan_config_t *cfg, bool waits) {
+  return waits ? cfg->budget_bytes : 0;
+}
+
 static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
                        bool waits, const variant_t *v, const ban_t *bans,
                        uint32_t n_bans, cap_plan_t **out) {
@@ -564,7 +570,7 @@ static int run_variant(const cap_profile_t *p, const cap_plan_config_t *cfg,
   int rc = cap__ctx_init(&c, p, cfg);
   if (rc)
     return rc;
-  c.plan_budget = waits ? cfg->budget_bytes : 0;
+  c.plan_budget = plan_budget(cfg, waits);
   /* a dead ranking key keeps a gap out of the ranking, no_hidden out of
    * the hidden swaps */
   for (uint32_t gi = 0; gi < c.n_gaps && n_bans; gi++)
@@ -1152,7 +1158,7 @@ static int plan_at(const cap_profile_t *p, const cap_plan_config_t *cfg,
       cap_plan_min_budget(p, cfg) <= cfg->budget_bytes) {
     rc = cap__plan_belady(p, cfg, &alt);
     if (!rc) {
-      alt->budget_bytes = waits ? cfg->budget_bytes : 0;
+      alt->budget_bytes = plan_budget(cfg, waits);
       rc = cap__plan_make_explicit(alt, p, NULL);
     }
     if (!rc)
@@ -1257,11 +1263,19 @@ static int plan_modes(const cap_profile_t *p, const cap_plan_config_t *cfg,
   return 0;
 }
 
-/* The plan predicted with its budget: an allocation may wait for room. */
+/* The plan predicted with its budget: an allocation may wait for room.
+ * *stall_ns (when not NULL): how long its compute stream stalls. */
 static int predict_at_budget(cap_plan_t *plan, const cap_profile_t *p,
-                             const cap_plan_config_t *cfg) {
+                             const cap_plan_config_t *cfg, int64_t *stall_ns) {
   plan->budget_bytes = cfg->budget_bytes;
-  return cap__plan_predict(plan, p, &cfg->bw);
+  cap_sim_result_t r;
+  int rc = cap__plan_predict_result(plan, p, &cfg->bw, &r);
+  if (rc)
+    return rc;
+  if (stall_ns)
+    *stall_ns = r.stall_ns;
+  cap_sim_result_close(&r);
+  return 0;
 }
 
 int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
@@ -1282,23 +1296,17 @@ int cap__plan_capuchin(const cap_profile_t *p, const cap_plan_config_t *cfg,
    * iteration is not worth it (mobilenet_v2 at 60 %: 4 us), and neither are
    * long profiles: on bert_large the second planner would double its planning
    * time, and changed none of its plans. */
+  int64_t stall = 0;
   int rc = plan_modes(p, cfg, false, &best);
   if (!rc)
-    rc = predict_at_budget(best, p, cfg);
-  bool again = false;
+    rc = predict_at_budget(best, p, cfg, &stall);
   if (!rc && p->n_ops < CAP__SMALL_OPS &&
-      cap_plan_min_budget(p, cfg) <= cfg->budget_bytes) {
-    cap_sim_result_t r;
-    rc = cap_sim_run(p, best, &cfg->bw, &r);
-    again = !rc &&
-            ((r.stall_ns > 0 && r.stall_ns >= r.iter_ns / STALL_REPLAN_DIV) ||
-             r.peak_bytes > cfg->budget_bytes);
-    cap_sim_result_close(&r);
-  }
-  if (again) {
+      cap_plan_min_budget(p, cfg) <= cfg->budget_bytes &&
+      ((stall > 0 && stall >= best->predicted_iter_ns / STALL_REPLAN_DIV) ||
+       best->predicted_peak_bytes > cfg->budget_bytes)) {
     rc = plan_modes(p, cfg, true, &alt);
     if (!rc)
-      rc = predict_at_budget(alt, p, cfg);
+      rc = predict_at_budget(alt, p, cfg, NULL);
     if (!rc)
       keep_better(&best, alt, cfg->budget_bytes);
     else

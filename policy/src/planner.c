@@ -102,16 +102,23 @@ uint64_t cap_plan_min_budget(const cap_profile_t *p, const cap_plan_config_t *cf
   return best;
 }
 
+int cap__plan_predict_result(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_bandwidth_t *bw, cap_sim_result_t *r) {
+  int rc = cap_sim_run(p, plan, bw, r);
+  if (rc)
+    return rc;
+  plan->predicted_iter_ns = r->iter_ns;
+  plan->predicted_peak_bytes = r->peak_bytes;
+  return 0;
+}
+
 int cap__plan_predict(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_bandwidth_t *bw) {
   cap_sim_result_t r;
-  int rc = cap_sim_run(p, plan, bw, &r);
-  if (rc)
-    return rc;
-  plan->predicted_iter_ns = r.iter_ns;
-  plan->predicted_peak_bytes = r.peak_bytes;
-  cap_sim_result_close(&r);
-  return 0;
+  int rc = cap__plan_predict_result(plan, p, bw, &r);
+  if (!rc)
+    cap_sim_result_close(&r);
+  return rc;
 }
 
 int cap_plan_compute(const cap_profile_t *p, const char *planner,

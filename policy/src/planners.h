@@ -114,6 +114,10 @@ int64_t cap__replay_ns(const cap_plan_t *plan, const cap_profile_t *p,
  * error, the plan unchanged then. */
 int cap__plan_predict(cap_plan_t *plan, const cap_profile_t *p,
                       const cap_bandwidth_t *bw);
+/* cap__plan_predict that also hands over the simulation (close it with
+ * cap_sim_result_close; nothing to close on error). */
+int cap__plan_predict_result(cap_plan_t *plan, const cap_profile_t *p,
+                             const cap_bandwidth_t *bw, cap_sim_result_t *r);
 
 /* Mend a plan so that every recompute list runs exactly as written
  * (cap_plan_walk): a swapped-out source gets its prefetch issued at the
