@@ -423,27 +423,32 @@ class TightBound(lb.LowerBound):
         return (self.copy_only(o, X, cands, self.cheap_replays(cands)),
                 self.copy_only(o, X, cands), o, X, cands)
 
-    def forced(self, budget):
-        """forced_ns (FORCED COPIES), its pinch op and the earlier one added to it (TWO
-        PINCHES); (0, None, None) when no op pinches."""
-        best, best_op, scored = 0.0, None, {}
+    def pinched(self, budget):
+        """{o: (X, cands)} for the pinch ops whose X_o stays above 0 once the candidates
+        free to be off are: what forced() and forced_out() both look at."""
+        out = {}
         for o, X in self.pinch(budget).items():
             cands, free = self.candidates(o)
-            X -= free
-            if X <= 0:
-                continue
+            if X - free > 0:
+                out[o] = (X - free, cands)
+        return out
+
+    def forced(self, pinched):
+        """forced_ns (FORCED COPIES) over pinched(), its pinch op and the earlier one added
+        to it (TWO PINCHES); (0, None, None) when no op pinches."""
+        best, best_op = 0.0, None
+        for o, (X, cands) in pinched.items():
             acts = {c for c in cands if self.tr.kind[c[0]] == 'activation'}
             v = self.copy_only(o, X, cands, acts)
             if v > best:
                 best, best_op = v, o
-            scored[o] = (X, cands)
-        best, best_op = self.best_pinch([self.ranked(o, X, c) for o, (X, c) in scored.items()],
+        best, best_op = self.best_pinch([self.ranked(o, X, c) for o, (X, c) in pinched.items()],
                                         best, best_op)
         if best_op is None:
             return 0.0, None, None
         # TWO PINCHES: an earlier op's copies and replays due by best_op's start
         first = []
-        for o, (X, cands) in scored.items():
+        for o, (X, cands) in pinched.items():
             due = [c for c in cands if c[2] <= best_op]
             Xd = X - sum(self.tr.size[c[0]] for c in cands if c[2] > best_op)
             if o < best_op and Xd > 0:
@@ -467,17 +472,12 @@ class TightBound(lb.LowerBound):
             worst = max(worst, acc / lb.D2H_GBPS - (tr.ts[o] - tr.te[a]))
         return worst
 
-    def forced_out(self, budget):
-        """forced_out_ns (COPIES OUT FIRST) and its pinch op; (0, None) when no op pinches.
-        The FORCED_OPS pinch ops tried are those of the largest copy-only values, out and
-        back in."""
-        scored = []
-        for o, X in self.pinch(budget).items():
-            cands, free = self.candidates(o)
-            X -= free
-            if X > 0 and cands:
-                scored.append((self.out_only(o, X, cands) + self.copy_only(o, X, cands),
-                               o, X, cands))
+    def forced_out(self, pinched):
+        """forced_out_ns (COPIES OUT FIRST) over pinched() and its pinch op; (0, None) when
+        no op pinches. The FORCED_OPS pinch ops tried are those of the largest copy-only
+        values, out and back in."""
+        scored = [(self.out_only(o, X, cands) + self.copy_only(o, X, cands), o, X, cands)
+                  for o, (X, cands) in pinched.items() if cands]
         best, best_op = 0.0, None
         for _, o, X, cands in sorted(scored, key=lambda s: -s[0])[:FORCED_OPS]:
             v, _ = self.forced_at(o, X, cands, float('inf'), out=True)
@@ -550,11 +550,12 @@ class TightBound(lb.LowerBound):
         res['charge'] = 'replay_closure'
         res['closure_max'] = CLOSURE_MAX
         if res.get('status') == 'optimal':
-            f, op, first_op = self.forced(budget)
+            pinched = self.pinched(budget)
+            f, op, first_op = self.forced(pinched)
             res['lp_extra_ns'] = res['extra_ns']
             res['forced_ns'], res['forced_op'] = round(f, 1), op
             res['forced_first_op'] = first_op
-            fo, fo_op = self.forced_out(budget)
+            fo, fo_op = self.forced_out(pinched)
             res['forced_out_ns'], res['forced_out_op'] = round(fo, 1), fo_op
             res['extra_ns'] = max(res['extra_ns'], f, fo)
         return res
