@@ -72,9 +72,11 @@ typedef struct cu {
   bool own_compute;
   cudaLibrary_t lib;
   cudaKernel_t op_kernel;
+  cudaKernel_t take_kernel; /* cap_counter_take */
   int sm_count;
   unsigned long long *d_counters; /* [0] op mismatches, [1] checks, [2] sink */
-  unsigned long long *h_counter;  /* pinned read-back */
+  unsigned long long *h_counter;  /* pinned, mapped: read-back */
+  unsigned long long *h_counter_dev; /* the same word, as the device sees it */
   pthread_mutex_t check_mu;       /* one pattern check at a time uses [1] */
 } cu;
 
@@ -201,6 +203,9 @@ out_free:
 }
 
 static void cuda_close(void *impl);
+static int launch(cu *c, const cap_op_buf_t *bufs, size_t n,
+                  int64_t duration_ns, unsigned long long *counter);
+static int64_t read_counter(cu *c, int slot);
 
 static int cuda_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, void **impl) {
   cu *c = calloc(1, sizeof *c);
@@ -240,14 +245,29 @@ static int cuda_open(const cap_backend_config_t *cfg, cap_backend_info_t *info, 
                                              greatest))))
     goto out_close;
   c->s[CAP_STREAM_COMPUTE] = (cudaStream_t)cfg->compute_stream; /* NULL: legacy */
-  if ((rc = CK(cudaLibraryLoadData(&c->lib, cap__kernels_fatbin, NULL, NULL, 0, NULL, NULL, 0))) ||
-      (rc = CK(cudaLibraryGetKernel(&c->op_kernel, c->lib, "cap_op_kernel"))))
+  if ((rc = CK(cudaLibraryLoadData(&c->lib, cap__kernels_fatbin, NULL, NULL, 0,
+                                   NULL, NULL, 0))) ||
+      (rc = CK(cudaLibraryGetKernel(&c->op_kernel, c->lib, "cap_op_kernel"))) ||
+      (rc = CK(
+           cudaLibraryGetKernel(&c->take_kernel, c->lib, "cap_counter_take"))))
     goto out_close;
-  if ((rc = CK(cudaMalloc((void **)&c->d_counters, 3 * sizeof(unsigned long long)))) ||
+  if ((rc = CK(cudaMalloc((void **)&c->d_counters,
+                          3 * sizeof(unsigned long long)))) ||
       (rc = CK(cudaMemset(c->d_counters, 0, 3 * sizeof(unsigned long long)))) ||
       (rc = CK(cudaHostAlloc((void **)&c->h_counter, sizeof(unsigned long long),
-                             cudaHostAllocDefault))))
+                             cudaHostAllocMapped))) ||
+      (rc = CK(cudaHostGetDevicePointer((void **)&c->h_counter_dev,
+                                        c->h_counter, 0))))
     goto out_close;
+  /* Load the kernels now. CUDA loads a library's kernels at their first
+   * launch, and loading may wait for the whole device: a job's first
+   * integrity check would wait for every copy then in flight. */
+  int64_t r;
+  if ((rc = launch(c, NULL, 0, 0, c->d_counters + 2)) ||
+      (r = read_counter(c, 2)) < 0) {
+    rc = rc ? rc : (int)r;
+    goto out_close;
+  }
   if (!cfg->skip_bandwidth_probe && (rc = probe_bandwidth(c, info)))
     goto out_close;
   *impl = c;
@@ -444,17 +464,19 @@ static int cuda_memset(void *impl, void *dev, int byte, size_t bytes) {
   return CK(cudaMemsetAsync(dev, byte, bytes, c->s[CAP_STREAM_COMPUTE]));
 }
 
-/* Run a verify-only launch into counter slot `slot`, then read it back and
- * zero it, in compute-stream order. */
+/* Read counter slot `slot` back and zero it, in compute-stream order: a
+ * one-thread kernel stores it into mapped pinned memory (cap_counter_take:
+ * no copy engine, so the read never waits behind a swap's copy). */
 static int64_t read_counter(cu *c, int slot) {
+  unsigned long long *counter = c->d_counters + slot;
+  void *args[] = {&counter, &c->h_counter_dev};
+  dim3 one = {1, 1, 1};
   int rc;
-  if ((rc = CK(cudaMemcpyAsync(c->h_counter, c->d_counters + slot, sizeof(unsigned long long),
-                               cudaMemcpyDeviceToHost, c->s[CAP_STREAM_COMPUTE]))) ||
-      (rc = CK(cudaMemsetAsync(c->d_counters + slot, 0, sizeof(unsigned long long),
-                               c->s[CAP_STREAM_COMPUTE]))) ||
+  if ((rc = CK(cudaLaunchKernel((const void *)c->take_kernel, one, one, args, 0,
+                                c->s[CAP_STREAM_COMPUTE]))) ||
       (rc = CK(cudaStreamSynchronize(c->s[CAP_STREAM_COMPUTE]))))
     return rc;
-  return (int64_t)*c->h_counter;
+  return (int64_t) * (volatile unsigned long long *)c->h_counter;
 }
 
 static int64_t cuda_pattern_check(void *impl, const void *dev, size_t bytes, uint64_t seed) {

@@ -45,6 +45,17 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
   return t;
 }
 
+// Hands the counter to the host and zeroes it, in stream order: one thread
+// stores it into mapped pinned memory, so that reading a count back takes
+// no copy engine. A cudaMemcpyAsync of the 8 bytes would queue behind the
+// swap-outs the same engine is running, and every integrity check of a
+// replay waited up to a whole swap-out's copy for its count.
+extern "C" __global__ void cap_counter_take(unsigned long long *counter,
+                                            volatile unsigned long long *host) {
+  *host = *counter;
+  *counter = 0;
+}
+
 // Every thread handles the same word indices of every buffer in both
 // phases, so an in-place buffer (verify then fill) needs no grid barrier.
 extern "C" __global__ void cap_op_kernel(cap_kargs a) {
