@@ -93,6 +93,29 @@ static int open_region(cap_client_t *c, const cap__xplan_t *x) {
   return cap__dev_region_open(c->dev, bytes);
 }
 
+/* Why the arena did not fit, in what a user can act on: what was in use
+ * against the budget, by the tensors the client tracks (weights and
+ * optimizer state, the rest) and by memory no tracked tensor holds (a
+ * framework's workspaces, tensors made outside the steps). */
+static void refusal_note(cap_client_t *c, cap__xplan_t *x, int rc) {
+  uint64_t persistent = 0, other = 0;
+  for (uint32_t id = 0; id < c->n_tensors; id++) {
+    const cap__tensor_t *t = &c->tensors[id];
+    if (t->dev && (t->state == CAP__T_DEVICE || t->state == CAP__T_IN ||
+                   t->state == CAP__T_OUT))
+      *(t->persistent ? &persistent : &other) += t->bytes;
+  }
+  uint64_t in_use = cap__dev_in_use(c->dev), tracked = persistent + other;
+  snprintf(x->note, sizeof x->note,
+           "placement refused: no room for its arena of %llu bytes (%s: "
+           "budget %llu, in use %llu: persistent tensors %llu, others %llu, "
+           "untracked %llu); tensors come from the allocator",
+           (unsigned long long)x->plan->arena_bytes, cap_strerror(rc),
+           (unsigned long long)c->budget_bytes, (unsigned long long)in_use,
+           (unsigned long long)persistent, (unsigned long long)other,
+           (unsigned long long)(in_use > tracked ? in_use - tracked : 0));
+}
+
 int cap__placement_index(cap_client_t *c, cap__xplan_t *x) {
   const cap_plan_t *plan = x->plan;
   if (!plan->n_blocks || (c->fw_alloc && !c->fw_placement))
@@ -119,10 +142,7 @@ int cap__placement_index(cap_client_t *c, cap__xplan_t *x) {
   if (rc < 0) {
     /* The plan still runs; its tensors come from the allocator. */
     if (!x->note[0])
-      snprintf(x->note, sizeof x->note,
-               "placement refused: no room for its arena of %llu bytes (%s); "
-               "tensors come from the allocator",
-               (unsigned long long)plan->arena_bytes, cap_strerror(rc));
+      refusal_note(c, x, rc);
     free(x->block_of);
     x->block_of = NULL;
     x->block_mask = 0;

@@ -303,6 +303,12 @@ static void test_an_arena_that_does_not_fit_is_refused(void) {
     REQUIRE(iteration(&f, T, &ws, &a_in, &st) == 0);
     CHECK_EQ(st.mode, CAP_MODE_GUIDED); /* the plan runs, unplaced */
     CHECK(strstr(st.plan_note, "placement refused") != NULL);
+    /* and says what was in use against which budget */
+    char want[64];
+    snprintf(want, sizeof want, "budget %llu, in use ",
+             (unsigned long long)BUDGET);
+    CHECK(strstr(st.plan_note, want) != NULL);
+    CHECK(strstr(st.plan_note, "persistent tensors ") != NULL);
     CHECK_EQ(st.placed_allocs, 0);
     CHECK_EQ(st.placement_misses, 0);
     CHECK_EQ(st.evictions, 1);
