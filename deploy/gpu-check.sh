@@ -44,7 +44,9 @@
 # CAP_JOBS (build jobs, default nproc), CAP_GPU_TOLERANCE (allowed deviation
 # of the best guided iteration from its prediction, default 0.10),
 # CAP_GPU_ITERATIONS (replay iterations, default 8), TRAIN_ARGS (extra
-# arguments for train_compare.py, e.g. "--models resnet50 --iterations 10").
+# arguments for train_compare.py, e.g. "--models resnet50 --iterations 10";
+# "--profile DIR --census" adds where each step's device time went, with a
+# Chrome trace per run, and the device memory Python still reaches at the end).
 #
 # Build dependencies. A machine without a package registry (the lent GPU
 # machine has PyTorch, CUDA, CMake and a compiler, but none of libuv,

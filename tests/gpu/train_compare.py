@@ -4,6 +4,7 @@
     python3 tests/gpu/train_compare.py [--device cuda|cpu] [--smoke]
         [--models resnet50,gpt2] [--budgets 100,50,30] [--iterations N]
         [--warmup N] [--methods capuchin,save_on_cpu,checkpoint] [--json F]
+        [--profile DIR] [--census]
 
 For each model and budget:
 
@@ -34,6 +35,15 @@ the persistent bytes plus the largest running sum of the allocations the
 PyTorch profiler attributes to the step's ops: an estimate, good enough to
 exercise the budget search; save_on_cpu cannot lower it (the "device" is the
 host already).
+
+--profile DIR: 2 more steps of the unmanaged and of each capuchin run
+under torch.profiler, their Chrome traces in DIR and a summary printed: the
+compute stream's busy and idle time, its longest gaps with what the host
+was doing then, the copies and the CUDA runtime calls (step_profile.py).
+
+--census: at the end of each capuchin run, the device memory Python still
+reaches, by shape, against what PyTorch has allocated, and what holds the
+most repeated group (live_census.py): for memory that grows step by step.
 
 --smoke: tiny sizes. The models are then a small CNN and a small
 transformer written here, plus torchvision's resnet18 and a 2-layer GPT-2
@@ -275,8 +285,16 @@ def wrap_blocks(blocks, k, method):
 STEADY_EXTRA = 10
 
 
-def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=None, args=None):
-    """Train a fresh model; returns a dict with times, peaks, persistent."""
+def profile_path(args, spec, label):
+    return os.path.join(args.profile, f"{spec.name}-{label}.json.gz") if args.profile else None
+
+
+def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=None, args=None,
+          profile=None, census=False):
+    """Train a fresh model; returns a dict with times, peaks, persistent.
+    profile: a path for the trace of 2 more steps (step_profile.py), whose
+    summary is printed; census: print what device memory Python still
+    reaches at the end (live_census.py)."""
     release()
     torch.manual_seed(0)
     model, opt, blocks = spec.build()
@@ -330,6 +348,14 @@ def train(spec, meter, iterations, warmup, method="unmanaged", k=0, mgr_budget=N
         persistent = meter.persistent(model, opt)
         _, transient = meter.run(step, profile_memory=True)
         peaks.append(persistent + transient)
+    if profile:
+        from step_profile import profile_steps
+        for line in profile_steps(step, profile):
+            print("    " + line if mgr is None else line, flush=True)
+    if census:
+        from live_census import census as live
+        for line in live(meter.device):
+            print(line, flush=True)
     report = mgr.report() if mgr is not None else None
     n_blocks = len(blocks)
     del model, opt, blocks, batch, mgr
@@ -371,6 +397,10 @@ def capuchin_in_child(spec, args, budget, iterations, warmup):
         cmd += ["--batch", str(args.batch)]
     if args.seq_len:
         cmd += ["--seq-len", str(args.seq_len)]
+    if args.profile:
+        cmd += ["--profile", args.profile]
+    if args.census:
+        cmd.append("--census")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result = None
     for line in p.stdout.splitlines():
@@ -408,6 +438,13 @@ def main():
     ap.add_argument("--batch", type=int, help="batch size (default: 128 for resnet50, 8 for gpt2)")
     ap.add_argument("--seq-len", type=int, help="GPT-2 sequence length (default 1024)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="after the timed iterations of the unmanaged and the capuchin runs, "
+                         "2 more under torch.profiler: Chrome traces in DIR and a summary of where "
+                         "the device's time went (tests/gpu/step_profile.py)")
+    ap.add_argument("--census", action="store_true",
+                    help="after each capuchin run, the device memory Python still reaches, by "
+                         "shape, and what holds the most repeated (tests/gpu/live_census.py)")
     ap.add_argument("--child-capuchin", type=int, metavar="BUDGET", help=argparse.SUPPRESS)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -422,7 +459,9 @@ def main():
 
     if args.child_capuchin is not None:  # one capuchin run, for the parent
         spec = specs(args, device)[0][0]
-        r = train(spec, meter, iterations, warmup, "capuchin", mgr_budget=f"{args.child_capuchin}%")
+        r = train(spec, meter, iterations, warmup, "capuchin", mgr_budget=f"{args.child_capuchin}%",
+                  profile=profile_path(args, spec, f"capuchin-{args.child_capuchin}"),
+                  census=args.census)
         if r["report"]:
             print(str(r["report"]))
         print(CHILD_RESULT + json.dumps({k: r[k] for k in ("time_s", "peak", "persistent")}), flush=True)
@@ -462,7 +501,7 @@ def main():
     print_header()
     for spec in models:
         try:
-            base = train(spec, meter, iterations, 1)
+            base = train(spec, meter, iterations, 1, profile=profile_path(args, spec, "unmanaged"))
         except torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else RuntimeError as e:
             print(f"skipped {spec.name}: unmanaged training failed ({e})")
             continue
