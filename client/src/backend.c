@@ -21,6 +21,7 @@ struct cap_backend {
    * next event recorded on its stream and by the next synchronize of it. */
   atomic_int fail_for_event[CAP_STREAM_COUNT];
   atomic_int fail_for_sync[CAP_STREAM_COUNT];
+  atomic_uint_least64_t queries; /* cap_backend_event_query calls */
 };
 
 struct cap_event {
@@ -218,10 +219,15 @@ int cap_backend_stream_wait_event(cap_backend_t *b, cap_stream_t s, cap_event_t 
 int cap_backend_event_query(cap_backend_t *b, cap_event_t *ev) {
   if (!b || !ev)
     return CAP_EINVAL;
+  atomic_fetch_add_explicit(&b->queries, 1, memory_order_relaxed);
   int rc = b->ops->event_query(b->impl, ev->impl);
   if (rc == 1 && atomic_load(&ev->failed))
     return CAP_EDEVICE;
   return rc;
+}
+
+uint64_t cap_backend_event_queries(const cap_backend_t *b) {
+  return b ? atomic_load_explicit(&b->queries, memory_order_relaxed) : 0;
 }
 
 int cap_backend_event_synchronize(cap_backend_t *b, cap_event_t *ev) {

@@ -181,6 +181,10 @@ int cap_backend_stream_wait_event(cap_backend_t *b, cap_stream_t s,
  * is pending, CAP_EDEVICE if the work before it failed. Never blocks. */
 int cap_backend_event_query(cap_backend_t *b, cap_event_t *ev);
 
+/* How many cap_backend_event_query calls b has answered (each one is a
+ * driver call on a GPU: what polling costs the host). */
+uint64_t cap_backend_event_queries(const cap_backend_t *b);
+
 /* Block the calling thread until ev's latest record completes. 0, or
  * CAP_EDEVICE if the work before it failed. */
 int cap_backend_event_synchronize(cap_backend_t *b, cap_event_t *ev);

@@ -208,6 +208,19 @@ int cap__copy_h2d(cap__dev_t *d, void *dev, const void *host,
                   uint64_t bytes, cap__ev_t **ev);
 /* 1 complete, 0 pending, negative: the copy failed. */
 int cap__ev_query(cap__dev_t *d, cap__ev_t *ev);
+/* A poll of several copies: copies on one stream end in the order they
+ * were issued, so once one is found running, the later ones on its stream
+ * are running too and are not asked (on a GPU each question is a driver
+ * call, and a job has tens of copies in flight at every op). Begin one
+ * poll per pass over the copies; cap__ev_poll answers as cap__ev_query. */
+#define CAP__POLL_STREAMS 3 /* backend.h's CAP_STREAM_COUNT */
+typedef struct cap__poll {
+  uint64_t running_from[CAP__POLL_STREAMS]; /* first copy found running */
+} cap__poll_t;
+void cap__poll_begin(cap__poll_t *p);
+int cap__ev_poll(cap__dev_t *d, cap__ev_t *ev, cap__poll_t *p);
+/* How many events the backend was asked about (tests, diagnosis). */
+uint64_t cap__dev_event_queries(cap__dev_t *d);
 /* Host wait; 0 or the copy's error. */
 int cap__ev_sync(cap__dev_t *d, cap__ev_t *ev);
 /* Make the compute stream wait for ev (no host wait where the backend can;

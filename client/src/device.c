@@ -31,11 +31,14 @@ struct cap__dev {
   uint64_t framework_bytes; /* device bytes of framework-owned tensors the
                                client tracks (counted in in_use) */
   cap__region_t region;     /* the installed plan's placement (region.c) */
+  uint64_t copies[CAP_STREAM_COUNT]; /* copies issued on each stream */
 };
 
 /* The executor's event: the backend event recorded after the copy. */
 struct cap__ev {
   cap_event_t *ev;
+  cap_stream_t stream; /* the copy's */
+  uint64_t seq;        /* its place among its stream's copies, from 1 */
 };
 
 int cap__dev_open(const cap_client_config_t *cfg, cap__dev_t **out,
@@ -378,6 +381,8 @@ static int copy(cap__dev_t *d, cap_stream_t s, void *dst, const void *src,
     cap_backend_stream_synchronize(d->b, s);
     goto out_event;
   }
+  e->stream = s;
+  e->seq = ++d->copies[s];
   *out = e;
   return 0;
 out_event:
@@ -399,6 +404,27 @@ int cap__copy_h2d(cap__dev_t *d, void *dev, const void *host, uint64_t bytes,
 
 int cap__ev_query(cap__dev_t *d, cap__ev_t *ev) {
   return cap_backend_event_query(d->b, ev->ev);
+}
+
+_Static_assert(CAP__POLL_STREAMS == CAP_STREAM_COUNT, "a poll slot per stream");
+
+void cap__poll_begin(cap__poll_t *p) {
+  for (int s = 0; s < CAP__POLL_STREAMS; s++)
+    p->running_from[s] = UINT64_MAX;
+}
+
+int cap__ev_poll(cap__dev_t *d, cap__ev_t *ev, cap__poll_t *p) {
+  uint64_t *from = &p->running_from[ev->stream];
+  if (ev->seq && ev->seq > *from)
+    return 0;
+  int st = cap__ev_query(d, ev);
+  if (st == 0 && ev->seq && ev->seq < *from)
+    *from = ev->seq;
+  return st;
+}
+
+uint64_t cap__dev_event_queries(cap__dev_t *d) {
+  return cap_backend_event_queries(d->b);
 }
 
 int cap__ev_sync(cap__dev_t *d, cap__ev_t *ev) {

@@ -70,9 +70,12 @@ void cap__retire_finish(cap_client_t *c, cap__retire_t *r, int status) {
 
 void cap__reap(cap_client_t *c, bool wait_all) {
   uint32_t j = 0;
+  cap__poll_t poll;
+  cap__poll_begin(&poll);
   for (uint32_t i = 0; i < c->n_retire; i++) {
     cap__retire_t *r = &c->retire[i];
-    int st = wait_all ? cap__ev_sync(c->dev, r->ev) : cap__ev_query(c->dev, r->ev);
+    int st = wait_all ? cap__ev_sync(c->dev, r->ev)
+                      : cap__ev_poll(c->dev, r->ev, &poll);
     if (wait_all && st == 0)
       st = 1;
     if (st != 0) {
