@@ -13,7 +13,9 @@
 #      torch.autograd.graph.save_on_cpu and torch.utils.checkpoint at the same
 #      memory (tests/gpu/train_compare.py), printing throughput and peak
 #      memory (torch.cuda.max_memory_allocated); CAPUCHIN_DEBUG=1 prints
-#      each op that leaves a plan's op sequence, against the plan's;
+#      each op that leaves a plan's op sequence, against the plan's; two
+#      more steps of each run profiled (--profile: traces in OUT/profiles)
+#      and the memory Python still reaches at its end (--census);
 #   5. train an MLP under Manager(placement=True) at 100/50 %, the plan's
 #      blocks at their planned addresses through capuchin's CUDA allocator
 #      (tests/gpu/placement_check.py): bitwise the unmanaged run's losses and
@@ -44,9 +46,7 @@
 # CAP_JOBS (build jobs, default nproc), CAP_GPU_TOLERANCE (allowed deviation
 # of the best guided iteration from its prediction, default 0.10),
 # CAP_GPU_ITERATIONS (replay iterations, default 8), TRAIN_ARGS (extra
-# arguments for train_compare.py, e.g. "--models resnet50 --iterations 10";
-# "--profile DIR --census" adds where each step's device time went, with a
-# Chrome trace per run, and the device memory Python still reaches at the end).
+# arguments for train_compare.py, e.g. "--models resnet50 --iterations 10").
 #
 # Build dependencies. A machine without a package registry (the lent GPU
 # machine has PyTorch, CUDA, CMake and a compiler, but none of libuv,
@@ -446,8 +446,11 @@ echo "gpu-check: capuchin package from ${pypath:-nowhere (not built: see $out/cm
 # The adapter's C extension needs Python's headers at build time.
 "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
   echo "gpu-check: note: $PYTHON has no Python.h: the adapter's extension (capuchin._client) cannot be built"
-train_args=(--device cuda)
-[ $smoke -eq 1 ] && train_args=(--device cpu --smoke)
+# Each run's last two steps profiled (a Chrome trace per run in
+# $out/profiles, and where the device's time went) and what memory Python
+# still reaches at its end: what a session with one GPU run needs to see.
+train_args=(--device cuda --profile "$out/profiles" --census)
+[ $smoke -eq 1 ] && train_args=(--device cpu --smoke --profile "$out/profiles" --census)
 say "train_compare.py ${train_args[*]} ${TRAIN_ARGS:-}"
 set +e
 # shellcheck disable=SC2086 # TRAIN_ARGS is a list of words
