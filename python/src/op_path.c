@@ -396,9 +396,13 @@ static int in_ids(ClientObject *self, PyObject *args, uint32_t *n) {
     if (PyObject_TypeCheck(a, tt)) {
       long id = cached_id(self, a);
       if (id < 0) {
-        /* Off the job's device (a CUDA job's CPU scalar): not its memory,
-         * as in the Python path, which new storages are left to. */
+        /* Not the job's memory, as in the Python path, which new storages
+         * are left to: off the job's device (a CUDA job's CPU scalar), or
+         * no memory at all (an empty tensor: cuDNN's batch norm reserve
+         * space, which every cudnn_batch_norm_backward reads). */
         int off = cap_py_storages_off_device(self, a);
+        if (off == 0)
+          off = cap_py_storages_no_memory(a);
         if (off > 0)
           continue;
         PyErr_Clear();

@@ -323,6 +323,12 @@ int cap_py_storages_off_device(ClientObject *self, PyObject *t) {
   return same < 0 ? -1 : !same;
 }
 
+int cap_py_storages_no_memory(PyObject *t) {
+  int ok = 1;
+  uint64_t dp = call_u64(t, s_data_ptr, &ok);
+  return ok ? dp == 0 : -1;
+}
+
 long cap_py_storages_id_of(ClientObject *self, PyObject *t) {
   if (Py_TYPE(t)->tp_weaklistoffset == 0) /* no list to cache in */
     return CAP_PY_ST_PYTHON;

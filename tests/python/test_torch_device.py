@@ -90,6 +90,39 @@ def test_off_device_input_keeps_c_path():
         capuchin.Manager._dispatch = slow
 
 
+def test_empty_input_keeps_c_path():
+    """An input with no memory (an empty tensor, data_ptr 0: cuDNN's batch
+    norm reserve space, which every cudnn_batch_norm_backward reads on a
+    GPU) is not the job's memory either, as the Python path's _id_of says:
+    the op stays on the C per-op path."""
+    calls = []
+    slow = capuchin.Manager._dispatch
+
+    def counted(self, func, args, kwargs):
+        calls.append(str(func))
+        return slow(self, func, args, kwargs)
+
+    capuchin.Manager._dispatch = counted
+    try:
+        x = torch.ones(16)
+        empty = torch.empty(0)
+        check(empty.data_ptr() == 0, "an empty tensor has no memory")
+        mgr = capuchin.Manager(budget="100%", no_daemon=True)
+        with mgr.step():  # the probe
+            x.add_(1)
+        with mgr.step():
+            x.add_(1)  # the C path knows x now
+            before = len(calls)
+            y = torch.add(x, empty.sum())
+            check(len(calls) == before, "ops reading an empty tensor stay on the C path "
+                  "(Python path took: %r)" % calls[before:])
+            check(torch.equal(y, torch.full((16,), 3.0)), "and compute what they must")
+        mgr.close()
+    finally:
+        capuchin.Manager._dispatch = slow
+
+
 if __name__ == "__main__":
     test_probe_takes_first_device_off_cpu()
     test_off_device_input_keeps_c_path()
+    test_empty_input_keeps_c_path()
