@@ -188,6 +188,18 @@ class SavedTensors:
         if self.graveyard:
             self.exhume(addr)
         st = m._tensors.by_ptr.get(addr)
+        if st is None and m._tensors.take is not None:
+            # A storage of the per-op path's table (storages.c): no handle
+            # holds it, PyTorch does (a gradient autograd sums later, such
+            # as a tied weight's, whose part from the head waits for the
+            # embedding's), so its memory cannot be given up. Taken over,
+            # so that its id is this side's: the buffer the client asks for
+            # when it brings the id back (alloc) then goes with the id's
+            # free. (Left there, alloc took the id for a recompute list's
+            # temporary, and no release comes for that buffer: GPT-2's
+            # guided steps kept one of its tied embedding's gradients,
+            # 147 MiB, and one hidden state's, 24 MiB, each step.)
+            st = m._tensors._take_over(addr)
         if st is not None and st.ident.persistent:
             # A weight: its storage is resized to 0 before the next op.
             if m.verify:

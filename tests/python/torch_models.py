@@ -1,6 +1,7 @@
-"""The three small models the adapter's tests train (written here, no
+"""The small models the adapter's tests train (written here, no
 torchvision): an MLP; a CNN with BatchNorm and in-place ReLU; a transformer
-block with dropout, layer norm and attention. Each build(seed) returns
+block with dropout, layer norm and attention; a language model of such
+blocks whose head's weight is its embedding's. Each build(seed) returns
 (model, optimizer, batches) where batches(i) is iteration i's (x, y)."""
 import torch
 import torch.nn as nn
@@ -73,6 +74,24 @@ class Transformer(nn.Module):
         return self.head(self.blocks(x).mean(dim=1))
 
 
+class TiedLM(nn.Module):
+    """A language model whose head's weight is its embedding's (tied, as
+    GPT-2's): that weight's gradient is the sum of the head's part, made at
+    the start of the backward, and the embedding's, made at its end.
+    Returns the logits as (batch, vocabulary, position), as cross_entropy
+    takes them with the next tokens as (batch, position)."""
+
+    def __init__(self, vocab=2048, d=256, blocks=3):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.Sequential(*(Block(d) for _ in range(blocks)))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids):
+        return self.head(self.blocks(self.tok(ids))).transpose(1, 2)
+
+
 def build(name, seed=0, small_batch_at=None):
     """Model, optimizer and batches; small_batch_at: the iteration (1-based)
     from which the batch is smaller (a last, short batch)."""
@@ -83,12 +102,19 @@ def build(name, seed=0, small_batch_at=None):
         model, shape, n = CNN(), (3, 16, 16), 16
     elif name == "transformer":
         model, shape, n = Transformer(), (32, 64), 8
+    elif name == "tied":
+        model, shape, n = TiedLM(), None, 2
     else:
         raise ValueError(name)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(seed + 1)
-    data = [(torch.randn((n,) + shape, generator=g), torch.randint(0, 10, (n,), generator=g))
-            for _ in range(16)]
+    if shape is None:  # tokens: each position's next one is its target
+        ids = [torch.randint(0, model.tok.num_embeddings, (n, 33), generator=g)
+               for _ in range(16)]
+        data = [(t[:, :-1].clone(), t[:, 1:].clone()) for t in ids]
+    else:
+        data = [(torch.randn((n,) + shape, generator=g), torch.randint(0, 10, (n,), generator=g))
+                for _ in range(16)]
 
     def batches(i):
         x, y = data[i % len(data)]
@@ -99,12 +125,14 @@ def build(name, seed=0, small_batch_at=None):
     return model, opt, batches
 
 
-def train_step(model, opt, x, y):
+def train_step(model, opt, x, y, set_to_none=False):
     """One iteration: the loss and every gradient, as bytes (copied out by
-    numpy, so that the step leaves no tensor of its own behind)."""
+    numpy, so that the step leaves no tensor of its own behind).
+    set_to_none: the gradients go at the step's end (zero_grad(
+    set_to_none=True), torch 2's default) and are made anew by the next."""
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     grads = [p.grad.detach().numpy().tobytes() for p in model.parameters()]
     opt.step()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=set_to_none)
     return loss.detach().numpy().tobytes(), grads
