@@ -6,17 +6,12 @@ PyTorch says is allocated: memory that grows step after step shows up as a
 group whose count grows, and the referrers of one of its tensors say what
 holds them. Memory no Python object reaches (held in C, or by an autograd
 graph) shows as the difference from torch.cuda.memory_allocated().
+self_test() checks it on CPU tensors (tests/gpu/self_test.py).
 """
 import gc
 import sys
 
-try:
-    import torch
-except ImportError:
-    if __name__ != "__main__":
-        raise
-    print("skipped: this interpreter has no PyTorch")
-    sys.exit(77)  # ctest's skip code (tests/gpu/CMakeLists.txt)
+import torch
 
 GROUPS = 8
 MIN_BYTES = 8 << 20
@@ -99,7 +94,7 @@ def census(device):
     return out
 
 
-def _self_test():
+def self_test():
     """A repeated group found with what holds it; devices compared by parts."""
     keep = {"held": [torch.empty(3 << 20) for _ in range(3)]}
     out = census(torch.device("cpu"))
@@ -113,8 +108,3 @@ def _self_test():
     print("live_census self-test: " + ("ok" if ok else "FAIL"))
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--self-test"]:
-        sys.exit(_self_test())
-    sys.exit("usage: live_census.py --self-test (the module is imported by train_compare.py)")

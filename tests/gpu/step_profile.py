@@ -15,22 +15,15 @@ and, where there is one, the CUDA activity, writes the Chrome trace to path
     time (the synchronising ones are what to look for).
 
 summarize(events) does the arithmetic on the trace's events alone, so that
-it can be checked without a GPU (tests/gpu/step_profile.py --self-test).
+it can be checked without a GPU (self_test(): tests/gpu/self_test.py).
 """
 import gzip
 import json
 import os
-import sys
 import tempfile
 import time
 
-try:
-    import torch
-except ImportError:
-    if __name__ != "__main__":
-        raise
-    print("skipped: this interpreter has no PyTorch")
-    sys.exit(77)  # ctest's skip code (tests/gpu/CMakeLists.txt)
+import torch
 
 GAPS = 6
 CALLS = 8
@@ -144,7 +137,7 @@ def summarize(events):
     return out
 
 
-def _self_test():
+def self_test():
     """summarize() on a hand-made trace: two streams, a host wait in a gap."""
     ev = [
         {"ph": "X", "cat": "kernel", "name": "a", "ts": 0, "dur": 100, "args": {"stream": 7}},
@@ -171,8 +164,3 @@ def _self_test():
     print("step_profile self-test: ok")
     return 0
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--self-test"]:
-        sys.exit(_self_test())
-    sys.exit("usage: step_profile.py --self-test (the module is imported by train_compare.py)")

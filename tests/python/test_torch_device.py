@@ -8,6 +8,7 @@ tensor off the job's device stays on the C per-op path. No GPU is needed: a tens
 says it is on cuda:0 (the probe only reads its device, address and size).
 Exits 77 where torch is missing.
 """
+import contextlib
 import gc
 import sys
 
@@ -27,6 +28,24 @@ class OnGpu(torch.Tensor):
     @property
     def device(self):
         return torch.device("cuda", 0)
+
+
+@contextlib.contextmanager
+def python_path_calls():
+    """The ops the adapter's Python path (Manager._dispatch) takes, by name,
+    while in the block."""
+    calls = []
+    slow = capuchin.Manager._dispatch
+
+    def counted(self, func, args, kwargs):
+        calls.append(str(func))
+        return slow(self, func, args, kwargs)
+
+    capuchin.Manager._dispatch = counted
+    try:
+        yield calls
+    finally:
+        capuchin.Manager._dispatch = slow
 
 
 def check(cond, what):
@@ -63,15 +82,7 @@ def test_off_device_input_keeps_c_path():
     job's CPU scalar) stays on the C per-op path: that tensor is not the
     job's memory, and the Python path (Manager._dispatch) would only say so
     more slowly."""
-    calls = []
-    slow = capuchin.Manager._dispatch
-
-    def counted(self, func, args, kwargs):
-        calls.append(str(func))
-        return slow(self, func, args, kwargs)
-
-    capuchin.Manager._dispatch = counted
-    try:
+    with python_path_calls() as calls:
         x = torch.ones(16)
         other = torch.ones(16).as_subclass(OnGpu)  # "on the GPU": not this job's
         mgr = capuchin.Manager(budget="100%", no_daemon=True)
@@ -86,8 +97,6 @@ def test_off_device_input_keeps_c_path():
                   "(Python path took: %r)" % calls[before:])
             check(torch.equal(y, torch.full((16,), 4.0)), "and computes what it must")
         mgr.close()
-    finally:
-        capuchin.Manager._dispatch = slow
 
 
 def test_empty_input_keeps_c_path():
@@ -95,15 +104,7 @@ def test_empty_input_keeps_c_path():
     norm reserve space, which every cudnn_batch_norm_backward reads on a
     GPU) is not the job's memory either, as the Python path's _id_of says:
     the op stays on the C per-op path."""
-    calls = []
-    slow = capuchin.Manager._dispatch
-
-    def counted(self, func, args, kwargs):
-        calls.append(str(func))
-        return slow(self, func, args, kwargs)
-
-    capuchin.Manager._dispatch = counted
-    try:
+    with python_path_calls() as calls:
         x = torch.ones(16)
         empty = torch.empty(0)
         check(empty.data_ptr() == 0, "an empty tensor has no memory")
@@ -118,8 +119,6 @@ def test_empty_input_keeps_c_path():
                   "(Python path took: %r)" % calls[before:])
             check(torch.equal(y, torch.full((16,), 3.0)), "and compute what they must")
         mgr.close()
-    finally:
-        capuchin.Manager._dispatch = slow
 
 
 if __name__ == "__main__":
