@@ -8,9 +8,9 @@ and, where there is one, the CUDA activity, writes the Chrome trace to path
     (the stream with the most kernel time), so that "the device idled" and
     "the device was slow" can be told apart;
   * the compute stream's longest idle gaps, each with the kernel before it
-    and the longest CUDA runtime call the host was in during the gap (a
-    host wait, cudaEventSynchronize say, drains the host's lead; a gap with
-    no call in it is the host being slow to launch);
+    and what the host did meanwhile: waited in a CUDA runtime call for at
+    least half the gap (cudaEventSynchronize, say, which drains the host's
+    lead), or was late to launch (Python, hooks: its CUDA calls took less);
   * the copies by kind (bytes, time, GB/s) and the runtime calls by total
     time (the synchronising ones are what to look for).
 
@@ -107,10 +107,15 @@ def summarize(events):
             end, before = k["ts"] + k["dur"], k["name"]
     gaps.sort(reverse=True)
     for g, s, e, prev, nxt in gaps[:GAPS]:
+        def overlap(c):
+            return min(e, c["ts"] + c["dur"]) - max(s, c["ts"])
         inside = [c for c in calls if c["ts"] < e and c["ts"] + c["dur"] > s]
-        held = max(inside, key=lambda c: min(e, c["ts"] + c["dur"]) - max(s, c["ts"]), default=None)
-        why = (f"host in {held['name']} for {held['dur'] / 1e3:.2f} ms" if held
-               else "no runtime call: the host was late to launch")
+        held = max(inside, key=overlap, default=None)
+        if held is not None and 2 * overlap(held) >= g:
+            why = f"the host waited in {held['name']} ({held['dur'] / 1e3:.2f} ms)"
+        else:  # launches at most: the host had other work (Python, hooks)
+            why = (f"the host was late to launch (in CUDA calls for "
+                   f"{sum(overlap(c) for c in inside) / 1e3:.2f} ms of it)")
         out.append(f"profile: gap {g / 1e3:.2f} ms after {prev[:40]} before {nxt[:40]}: {why}")
 
     kinds = {}
@@ -153,8 +158,8 @@ def self_test():
     out = summarize(ev)
     text = "\n".join(out)
     want = ["busy 0.3 ms of 0.6 ms from its first kernel to its last (55 %)", "idle 0.3 ms", "stream 9: 1 kernels",
-            "gap 0.25 ms after b before c: host in cudaEventSynchronize",
-            "gap 0.02 ms after c before d: no runtime call",
+            "gap 0.25 ms after b before c: the host waited in cudaEventSynchronize (0.20 ms)",
+            "gap 0.02 ms after c before d: the host was late to launch (in CUDA calls for 0.00 ms",
             "Memcpy DtoH: 1 copies", "(55.0 GB/s)", "cudaEventSynchronize: 1 calls, 0.20 ms"]
     missing = [w for w in want if w not in text]
     print(text)
