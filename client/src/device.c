@@ -415,10 +415,10 @@ void cap__poll_begin(cap__poll_t *p) {
 
 int cap__ev_poll(cap__dev_t *d, cap__ev_t *ev, cap__poll_t *p) {
   uint64_t *from = &p->running_from[ev->stream];
-  if (ev->seq && ev->seq > *from)
+  if (ev->seq > *from) /* (every event is a copy's: copy() numbers it) */
     return 0;
   int st = cap__ev_query(d, ev);
-  if (st == 0 && ev->seq && ev->seq < *from)
+  if (st == 0 && ev->seq < *from)
     *from = ev->seq;
   return st;
 }
