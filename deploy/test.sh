@@ -28,12 +28,13 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # so that the client's own work still fits inside each op's measured time.
 export CAP_TEST_TIME_SCALE=${CAP_TEST_TIME_SCALE_ASAN:-80}
 # Planning runs sanitized too: a replay waits longer for its plan
-# (inception_v3 at 50 %: about 35 s sanitized, more on a loaded machine).
+# (inception_v3 at 50 %: about 11 s CPU sanitized, 2.4 s in the gcc build,
+# several times that on a loaded machine).
 export CAPUCHIN_REPLAY_PLAN_WAIT_MS=${CAPUCHIN_REPLAY_PLAN_WAIT_MS:-180000}
 # The conformance matrix under the sanitizers: every trace at 50 %.
 export CAP_CONFORMANCE_BUDGETS=${CAP_CONFORMANCE_BUDGETS_ASAN:-50}
 # The planner against the lower bound's verdicts: one budget, both modes,
-# a transformer and a CNN (a plan takes about 15 s sanitized).
+# a transformer and a CNN (a plan takes 1-5 s CPU sanitized).
 export CAP_BOUND_PCTS=${CAP_BOUND_PCTS_ASAN:-50}
 export CAP_BOUND_TRACES=${CAP_BOUND_TRACES_ASAN:-bert_base vgg16}
 # The outsider's check of every planner's plans: at 50 % (all planners) and
