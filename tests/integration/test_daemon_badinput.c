@@ -260,7 +260,7 @@ int main(void) {
     fprintf(stderr, "first job failed\n");
     return 1;
   }
-  cap_plan_t *p1 = tc_wait_plan(&first, 10000);
+  cap_plan_t *p1 = tc_wait_plan(&first, TC_PLAN_WAIT_MS);
   CHECK(p1 != NULL);
   cap_plan_destroy(p1);
   tc_close(&first);
@@ -303,7 +303,7 @@ int main(void) {
   tc_flush_batch(&by, b);
   cap_proto_batch_destroy(b);
   tc_send_iteration_end(&by, 1, P->iter_ns, true, false, 0, 0);
-  cap_plan_t *pb = tc_wait_plan(&by, 10000);
+  cap_plan_t *pb = tc_wait_plan(&by, TC_PLAN_WAIT_MS);
   CHECK(pb != NULL);
   if (pb)
     CHECK(cap_plan_validate(pb, P, NULL, 0) == 0);

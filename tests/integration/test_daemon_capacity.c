@@ -130,7 +130,7 @@ static void test_plans_after_a_cut_fit_the_cut(void) {
   REQUIRE(tc_connect(&a, d.sock) == 0);
   REQUIRE(tc_hello(&a, &ha, &w, 20000) == 0);
   REQUIRE(tc_send_iteration(&a, P, 1, true, 512) == 0);
-  cap_plan_t *v1 = tc_wait_plan(&a, 20000);
+  cap_plan_t *v1 = tc_wait_plan(&a, TC_PLAN_WAIT_MS);
   REQUIRE(v1 != NULL);
   CHECK_EQ(v1->budget_bytes, budget);
 

@@ -18,23 +18,6 @@
 #include "store.h"
 #include "testclient.h"
 
-/* The 2 s planning bound is for a product build (resnet50 at 50 %: about
- * 0.5 s, more on a loaded 2-core machine; capuchin-replay waits 3 s
- * for a plan, as a data loader's pause); sanitizers slow planning 20-40x,
- * more on a loaded machine. */
-#if defined(__SANITIZE_ADDRESS__)
-#define PLAN_LIMIT_MS 60000
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define PLAN_LIMIT_MS 60000
-#endif
-#endif
-#ifndef PLAN_LIMIT_MS
-#define PLAN_LIMIT_MS 2000
-#endif
-/* How long a test waits for a plan the daemon computes. */
-#define PLAN_WAIT_MS (PLAN_LIMIT_MS > 10000 ? PLAN_LIMIT_MS : 10000)
-
 static tc_daemon_t D;
 static cap_profile_t *P;
 static uint64_t BUDGET;
@@ -87,7 +70,7 @@ static void test_measured_plan_within_1s(void) {
   CHECK(!w.plan_reused);
   REQUIRE(tc_send_iteration(&c, P, 1, true, 256) == 0);
   uint64_t t0 = tc_now_ms();
-  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
+  cap_plan_t *plan = tc_wait_plan(&c, TC_PLAN_WAIT_MS);
   uint64_t ms = tc_now_ms() - t0;
   REQUIRE(plan != NULL);
   printf("plan v%u with %u actions after %llu ms (predicted peak %llu, "
@@ -95,7 +78,7 @@ static void test_measured_plan_within_1s(void) {
          plan->version, plan->n_actions, (unsigned long long)ms,
          (unsigned long long)plan->predicted_peak_bytes,
          (unsigned long long)BUDGET);
-  CHECK(ms <= PLAN_LIMIT_MS);
+  CHECK(ms <= TC_PLAN_LIMIT_MS);
   CHECK_EQ(plan->version, 1);
   CHECK_EQ(plan->budget_bytes, BUDGET);
   char err[256] = "";
@@ -158,7 +141,7 @@ static void test_measured_plan_within_1s(void) {
   REQUIRE(cap_proto_feedback_to_msg(1, 2, &fb, 1, &fm) == 0);
   REQUIRE(tc_send_msg(&c, fm) == 0);
   cap_proto_msg_free(fm);
-  cap_plan_t *v2 = tc_wait_plan(&c, PLAN_WAIT_MS);
+  cap_plan_t *v2 = tc_wait_plan(&c, TC_PLAN_WAIT_MS);
   REQUIRE(v2 != NULL);
   CHECK_EQ(v2->version, 2);
   bool earlier = false;
@@ -182,7 +165,7 @@ static void test_measured_plan_within_1s(void) {
                                 0) == 0);
   REQUIRE(tc_send_iteration_end(&c, 4, P->iter_ns + 4000000, false, false, 2,
                                 0) == 0);
-  cap_plan_t *v3 = tc_wait_plan(&c, PLAN_WAIT_MS);
+  cap_plan_t *v3 = tc_wait_plan(&c, TC_PLAN_WAIT_MS);
   REQUIRE(v3 != NULL);
   CHECK_EQ(v3->version, 3);
   CHECK_EQ(v3->n_actions, plan->n_actions);
@@ -243,7 +226,7 @@ static void test_reuse_profile_for_other_budget(void) {
   tc_welcome_t w;
   REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
   CHECK(w.plan_reused);
-  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
+  cap_plan_t *plan = tc_wait_plan(&c, TC_PLAN_WAIT_MS);
   REQUIRE(plan != NULL);
   CHECK_EQ(plan->budget_bytes, budget);
   CHECK(plan->predicted_peak_bytes <= budget);
@@ -263,7 +246,7 @@ static void test_reuse_by_measured_signature(void) {
   REQUIRE(tc_hello(&c, &a, &w, 10000) == 0);
   CHECK(!w.plan_reused);
   REQUIRE(tc_send_iteration(&c, P, 1, true, 100) == 0);
-  cap_plan_t *plan = tc_wait_plan(&c, PLAN_WAIT_MS);
+  cap_plan_t *plan = tc_wait_plan(&c, TC_PLAN_WAIT_MS);
   REQUIRE(plan != NULL);
   CHECK(cap_plan_validate(plan, P, NULL, 0) == 0);
   cap_plan_destroy(plan);
