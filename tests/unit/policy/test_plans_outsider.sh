@@ -9,8 +9,8 @@
 # action valid. Prints the matrix (trace x budget/policy).
 #
 # Environment (set by ctest): CAP_BIN_DIR (capuchin-sim), CAP_SOURCE_DIR;
-# CAP_OUTSIDER_BUDGETS (default "80 60 50 40 30"; the sanitizer pass plans
-# fewer: a plan takes seconds there, and all five once passed 300 s).
+# CAP_OUTSIDER_BUDGETS (default "80 60 50 40 30"; deploy/test.sh may plan
+# fewer in its sanitized pass).
 set -u
 SRC=${CAP_SOURCE_DIR:-$(cd "$(dirname "$0")/../../.." && pwd)}
 BIN=${CAP_BIN_DIR:-$SRC/build/bin}
