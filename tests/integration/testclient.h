@@ -103,26 +103,6 @@ static int tc_send_iteration_end(tc_t *c, uint64_t iteration, int64_t iter_ns,
                                  uint32_t plan_version, int64_t stall_ns);
 /* Wait for a Plan and convert it; NULL on timeout. */
 static cap_plan_t *tc_wait_plan(tc_t *c, int timeout_ms);
-
-/* How long the daemon may take to plan resnet50 at 50 %, the tests' usual
- * job: 2 s in a product build (about 0.5 s, more on a loaded 2-core
- * machine; capuchin-replay waits 3 s for a plan, as a data loader's pause).
- * The sanitizers slow planning 3-10x (resnet50 at 50 %: 3 s CPU under ASan
- * and UBSan), much more on a loaded machine. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TC_PLAN_LIMIT_MS 60000
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) ||                                        \
-    __has_feature(undefined_behavior_sanitizer)
-#define TC_PLAN_LIMIT_MS 60000
-#endif
-#endif
-#ifndef TC_PLAN_LIMIT_MS
-#define TC_PLAN_LIMIT_MS 2000
-#endif
-/* How long a test waits for a plan the daemon computes (a wait ends as soon
- * as the plan comes, so a generous one costs nothing). */
-#define TC_PLAN_WAIT_MS (TC_PLAN_LIMIT_MS > 30000 ? TC_PLAN_LIMIT_MS : 30000)
 static uint64_t tc_now_ms(void);
 /* VmRSS of a process in KiB (/proc/PID/status), 0 when unknown. */
 static uint64_t tc_rss_kb(pid_t pid);
@@ -135,7 +115,8 @@ static void tc_flood_iteration_ends(const char *sock, const char *job,
  * it never sent gets its Error. */
 static bool tc_session_answers(tc_t *c);
 
-/* ASan keeps freed memory in quarantine: RSS checks do not hold under it. */
+/* The sanitizers the test is built with. ASan keeps freed memory in
+ * quarantine: RSS checks do not hold under it. */
 #if defined(__SANITIZE_ADDRESS__)
 #define TC_UNDER_ASAN 1
 #elif defined(__has_feature)
@@ -143,6 +124,25 @@ static bool tc_session_answers(tc_t *c);
 #define TC_UNDER_ASAN 1
 #endif
 #endif
+#if defined(__has_feature)
+#if __has_feature(undefined_behavior_sanitizer)
+#define TC_UNDER_UBSAN 1
+#endif
+#endif
+
+/* How long the daemon may take to plan resnet50 at 50 %, the tests' usual
+ * job: 2 s in a product build (about 0.5 s, more on a loaded 2-core
+ * machine; capuchin-replay waits 3 s for a plan, as a data loader's pause).
+ * The sanitizers slow planning 3-10x (resnet50 at 50 %: 3 s CPU under ASan
+ * and UBSan), much more on a loaded machine. */
+#if defined(TC_UNDER_ASAN) || defined(TC_UNDER_UBSAN)
+#define TC_PLAN_LIMIT_MS 60000
+#else
+#define TC_PLAN_LIMIT_MS 2000
+#endif
+/* How long a test waits for a plan the daemon computes (a wait ends as soon
+ * as the plan comes, so a generous one costs nothing). */
+#define TC_PLAN_WAIT_MS (TC_PLAN_LIMIT_MS > 30000 ? TC_PLAN_LIMIT_MS : 30000)
 
 #include "testclient_impl.h"
 
