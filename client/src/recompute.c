@@ -19,13 +19,9 @@ static const char *missing_reason(const cap__tensor_t *u) {
     return NULL;
   case CAP__T_OUT: /* swap-out running (the device copy is still there) */
   case CAP__T_HOST:
-    /* Its prefetch fired but found no room, or the client evicted it on
-     * its own (no plan action) for lack of room: fetched now. A plan that
-     * swapped it without a prefetch by now is wrong, whether or not the
-     * copy out has finished. */
-    if (u->prefetch_due || u->out_action == CAP_NONE)
-      return NULL;
-    return "swapped out, with no prefetch issued by then";
+    /* Fetched now (a stall); see fetched_early for when the plan did not
+     * count on that. */
+    return NULL;
   case CAP__T_DROPPED:
     return "dropped by the plan and not recomputed earlier in the list";
   case CAP__T_RELEASED:
@@ -35,6 +31,29 @@ static const char *missing_reason(const cap__tensor_t *u) {
   default:
     return "freed by the framework";
   }
+}
+
+/* Source u of the list for tensor id is on the host although its prefetch
+ * has not been issued: the list runs earlier than the plan has it. A
+ * framework brings a saved tensor back when it unpacks it, and autograd
+ * unpacks all of a node's saved tensors before the node's first op, which
+ * may come before the trigger of a source's prefetch that the plan placed
+ * before the op that reads the tensor. (The plan's checks refuse a list
+ * whose source is not coming back by its op: docs/plan-semantics.md.) The
+ * source is fetched now, a stall rather than a failed step, and the
+ * iteration's note says so. (Its prefetch fired but found no room, or the
+ * client evicted it on its own for lack of room: fetched now, as planned.) */
+static void note_fetched_early(cap_client_t *c, uint32_t id, uint32_t list_op,
+                               const cap__oplog_op_t *op, uint32_t tid) {
+  const cap__tensor_t *u = &c->tensors[tid];
+  if (u->prefetch_due || u->out_action == CAP_NONE || c->it.plan_note[0])
+    return;
+  snprintf(c->it.plan_note, sizeof c->it.plan_note,
+           "op %u %s: recompute of tensor %u (action %u) ran before the "
+           "prefetch of its source: op %u (%s) needs tensor %u, swapped out "
+           "after op %u; fetched tensor %u for it (a stall)",
+           c->op_seq, c->op_name, id, c->tensors[id].out_action, list_op,
+           op->name ? op->name : "?", tid, u->gone_op, tid);
 }
 
 /* A list's outputs that are not live tensors, kept until the list ends
@@ -119,6 +138,8 @@ static int bind_op(cap_client_t *c, uint32_t id, uint32_t list_op,
                        u->gone_op);
         return CAP_ERECOMPUTE;
       }
+      if (u->state == CAP__T_OUT || u->state == CAP__T_HOST)
+        note_fetched_early(c, id, list_op, op, tid);
       int rc = cap__ensure_resident(c, tid, false);
       if (rc < 0)
         return rc;

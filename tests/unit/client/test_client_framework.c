@@ -12,6 +12,7 @@
  * (op2), recompute b after its access 2 (op2) by replaying op1 at op4;
  * and an evict-persistent action on w that an adopted weight cannot obey.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -113,10 +114,13 @@ static void wait_copies(cap_client_t *c) {
 
 /* One iteration as a framework runs it: it allocates each output before
  * the op (adopting it), holds the storages of a, b and d as autograd
- * would, and frees them at the end unless the client still has them. With
- * acquire_a, a is brought back the way an unpack hook does, before op3. */
-static int iteration(cap_client_t *c, fake_fw_t *f, uint32_t w, bool acquire_a,
-                     uint8_t *e_out, cap_iter_stats_t *st) {
+ * would, and frees them at the end unless the client still has them.
+ * ids[acquire] (a = 0, b = 1; NO_ACQUIRE: none) is brought back the way an
+ * unpack hook does, before op3: autograd unpacks all of a node's saved
+ * tensors before its first op, earlier than the op that reads one. */
+#define NO_ACQUIRE 5u
+static int iteration(cap_client_t *c, fake_fw_t *f, uint32_t w,
+                     uint32_t acquire, uint8_t *e_out, cap_iter_stats_t *st) {
   static const char *names[5] = {"aten::add", "aten::mul", "aten::add",
                                  "aten::add", "aten::add"};
   uint32_t ids[5]; /* a b c d e */
@@ -128,12 +132,12 @@ static int iteration(cap_client_t *c, fake_fw_t *f, uint32_t w, bool acquire_a,
     rc = cap_client_adopt(c, N, buf, &ids[k]);
     if (rc < 0)
       break;
-    if (acquire_a && k == 3) {
+    if (acquire < k && k == 3) {
       void *p = NULL;
-      rc = cap_client_acquire(c, ids[0], &p);
+      rc = cap_client_acquire(c, ids[acquire], &p);
       if (rc < 0)
         break;
-      CHECK(cap_client_tensor_resident(c, ids[0]) == 1);
+      CHECK(cap_client_tensor_resident(c, ids[acquire]) == 1);
     }
     uint32_t in[2];
     uint32_t n_in = 1;
@@ -210,7 +214,7 @@ static void run(bool acquire_a) {
   uint8_t want[N], got[N];
   expected(wbuf, want);
   cap_iter_stats_t st;
-  CHECK_EQ(iteration(c, &f, w, false, got, &st), 0);
+  CHECK_EQ(iteration(c, &f, w, NO_ACQUIRE, got, &st), 0);
   CHECK_EQ(st.mode, CAP_MODE_PASSIVE);
   CHECK(memcmp(got, want, N) == 0);
   CHECK_EQ(f.allocs, 0);
@@ -224,7 +228,7 @@ static void run(bool acquire_a) {
     f.allocs = f.releases = f.recomputes = 0;
     f.n_released_ids = 0;
     memset(got, 0, N);
-    CHECK_EQ(iteration(c, &f, w, acquire_a, got, &st), 0);
+    CHECK_EQ(iteration(c, &f, w, acquire_a ? 0 : NO_ACQUIRE, got, &st), 0);
     CHECK_EQ(st.mode, CAP_MODE_GUIDED);
     CHECK_EQ(st.plan_version, 3);
     CHECK(memcmp(got, want, N) == 0);
@@ -259,6 +263,62 @@ static void run(bool acquire_a) {
   CHECK_EQ(cs.device_bytes, N); /* only the weight is left */
   cap_client_destroy(c);
   /* What the framework holds now is its weight alone. */
+  CHECK_EQ(f.n_live, 1);
+  fake_fw_drop(&f, wbuf);
+}
+
+/* b's list (op1) reads a, which the plan swaps out after op1 and
+ * prefetches as op3 starts: valid for b's access at op4. The framework
+ * unpacks b early, before op3 (an autograd node whose first op reads
+ * another of its saved tensors): the list runs before a's prefetch is
+ * issued. The client fetches a now (a stall) rather than fail the step,
+ * and the iteration's note says so. */
+static const char early_list_plan[] =
+    "{\"trace\":\"t\",\"budget_bytes\":0,\"policy\":\"by-hand\",\"version\":2,"
+    "\"predicted_iter_ns\":0,\"actions\":["
+    "{\"tensor\":1,\"evict_after_access\":2,\"method\":\"swap\","
+    "\"prefetch_at\":{\"tensor\":4,\"access\":1}},"
+    "{\"tensor\":2,\"evict_after_access\":2,\"method\":\"recompute\","
+    "\"recompute_ops\":[1]}]}";
+
+static void test_framework_list_before_prefetch(void) {
+  cap_client_config_t cfg;
+  sim_fw_config(&cfg);
+  cfg.budget_bytes = 64 * N;
+  fake_fw_t f = {0};
+  cap_client_t *c = sim_fw_client(&cfg, &f);
+  REQUIRE(c);
+  uint8_t *wbuf = fake_fw_new(&f, N);
+  REQUIRE(wbuf);
+  for (uint32_t i = 0; i < N; i++)
+    wbuf[i] = (uint8_t)(i * 3 + 2);
+  uint32_t w;
+  REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  cap_client_set_recompute(c, recompute, &f);
+  uint8_t want[N], got[N];
+  expected(wbuf, want);
+  cap_iter_stats_t st;
+  CHECK_EQ(iteration(c, &f, w, NO_ACQUIRE, got, &st), 0);
+  REQUIRE(cap_client_load_plan_json(c, early_list_plan,
+                                    sizeof early_list_plan - 1) == 0);
+  for (int it = 0; it < 2; it++) {
+    memset(got, 0, N);
+    int rc = iteration(c, &f, w, it == 0 ? 1 : NO_ACQUIRE, got, &st);
+    if (rc < 0)
+      fprintf(stderr, "  iteration %d: %s\n", it, cap_client_last_error(c));
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(st.mode, CAP_MODE_GUIDED);
+    CHECK_EQ(st.op_errors, 0u);
+    CHECK_EQ(st.fallbacks, 0u);
+    CHECK(memcmp(got, want, N) == 0);
+    CHECK_EQ(st.recomputed_ops, 1u);
+    CHECK_EQ(st.bytes_in, N);
+    if (it == 0) /* fetched for the list, and said */
+      CHECK(strstr(st.plan_note, "fetched tensor 1 for it") != NULL);
+    else /* at its access, as planned: a's prefetch came first */
+      CHECK(st.plan_note[0] == 0);
+  }
+  cap_client_destroy(c);
   CHECK_EQ(f.n_live, 1);
   fake_fw_drop(&f, wbuf);
 }
@@ -628,6 +688,7 @@ static void test_framework_memory_acquire(void) { run(true); }
 int main(void) {
   RUN_TEST(test_framework_memory_at_access);
   RUN_TEST(test_framework_memory_acquire);
+  RUN_TEST(test_framework_list_before_prefetch);
   RUN_TEST(test_framework_op_run_and_diverged);
   RUN_TEST(test_framework_make_room);
   RUN_TEST(test_framework_restore_keeps_room);
