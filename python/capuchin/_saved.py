@@ -28,6 +28,7 @@ import zlib
 import torch
 
 from . import _client
+from ._own_ops import OwnOps
 from ._tensors import Ident, bytes_of, meta_of, storage_base, view_on
 
 
@@ -140,9 +141,7 @@ class SavedTensors:
         if h.t is not None:
             return h.t
         m = self.m
-        prev = m._internal
-        m._internal = True
-        try:
+        with OwnOps(m):
             m._flush_frees()
             try:
                 addr = m.client.acquire(h.ident.id)
@@ -161,8 +160,6 @@ class SavedTensors:
             v = view_on(st.buf, h.meta)
             m._tensors._track(v, st)
             return v
-        finally:
-            m._internal = prev
 
     # --- client callbacks (owner thread, from within the client) ----------
     def alloc(self, tid, nbytes):
@@ -174,12 +171,8 @@ class SavedTensors:
             # A recompute list's temporary: an output of a replayed op whose
             # tensor is no longer live. Released when the list ends.
             ident = Ident(tid, nbytes, False)
-        prev = m._internal
-        m._internal = True
-        try:
+        with OwnOps(m):
             buf = torch.empty(nbytes, dtype=torch.uint8, device=m.device)
-        finally:
-            m._internal = prev
         m._tensors.add(None, ident, buf=buf)
         return buf.data_ptr()
 
@@ -203,12 +196,8 @@ class SavedTensors:
         if st is not None and st.ident.persistent:
             # A weight: its storage is resized to 0 before the next op.
             if m.verify:
-                prev = m._internal
-                m._internal = True
-                try:
+                with OwnOps(m):
                     self.weight_hash[tid] = _hash(m._tensors.tensor_of(st))
-                finally:
-                    m._internal = prev
             m._tensors.give_up.append(st)
             return
         if st is not None and st.buf is not None:
@@ -217,9 +206,7 @@ class SavedTensors:
             if st.count == 0:
                 del m._tensors.by_ptr[addr]
             return
-        prev = m._internal
-        m._internal = True
-        try:
+        with OwnOps(m):
             for r in self.handles.get(tid, ()):
                 h = r()
                 if h is None or h.t is None or h.ptr != addr:
@@ -227,15 +214,11 @@ class SavedTensors:
                 if m.verify:
                     h.hash = _hash(h.t)
                 h.t = None
-        finally:
-            m._internal = prev
 
     def restore_weight(self, tid):
         """Bring weight tid back (its copy in waited for), checked."""
         m = self.m
-        prev = m._internal
-        m._internal = True
-        try:
+        with OwnOps(m):
             m.client.acquire(tid)
             want = self.weight_hash.pop(tid, None)
             if want is not None:
@@ -246,8 +229,6 @@ class SavedTensors:
                     self.mismatches += 1
                     raise RuntimeError("capuchin: CAPUCHIN_VERIFY: weight %d came "
                                        "back with other contents" % tid)
-        finally:
-            m._internal = prev
 
     def fill(self, dst_addr, src):
         """Copy src's whole storage into the adapter's buffer at dst_addr."""

@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - torch < 1.13
 
 from . import _client, _placement
 from ._optimer import OpTimer
+from ._own_ops import OwnOps
 from ._saved import SavedTensors
 from ._tensors import (Ident, Tensors, bytes_of, meta_of, storage_base, storage_nbytes,
                        storage_resizable, view_on)
@@ -940,12 +941,8 @@ class Manager:
     # --- recompute (called by the client from within op / acquire) --------
     def _recompute(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
         """Replay op seq of this iteration into the memory at out_addrs."""
-        prev = self._internal
-        self._internal = True
-        try:
+        with OwnOps(self):
             return self._replay(seq, name, in_ids, in_addrs, out_ids, out_addrs)
-        finally:
-            self._internal = prev
 
     def _replay(self, seq, name, in_ids, in_addrs, out_ids, out_addrs):
         op = self._ops.get(seq)

@@ -475,6 +475,10 @@ def main():
         except Exception as e:  # ImportError, or a package without Manager
             adapter_error = f"{type(e).__name__}: {e}"
             print(f"capuchin adapter not importable ({adapter_error}); running the baselines only")
+        else:
+            from capuchin import _own_ops
+            print("train_compare: the adapter's own ops %s the dispatch mode" % (
+                "skip" if _own_ops.bypasses_mode() else "go through"))
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"train_compare: torch {torch.__version__} on {name}; {iterations} timed iterations "

@@ -121,7 +121,39 @@ def test_empty_input_keeps_c_path():
         mgr.close()
 
 
+def test_own_ops_skip_the_mode():
+    """The adapter's own ops in a step (capuchin._own_ops.OwnOps: buffers,
+    views at unpack, recomputes) skip the dispatch mode where torch allows,
+    nested blocks too, and ops after the block reach it again."""
+    from capuchin import _own_ops
+    with python_path_calls() as calls:
+        x = torch.ones(16)
+        mgr = capuchin.Manager(budget="100%", no_daemon=True)
+        with mgr.step():  # the probe
+            x.add_(1)
+        with mgr.step():
+            before = len(calls)
+            with _own_ops.OwnOps(mgr):
+                check(mgr._internal, "in the block the ops are the adapter's own")
+                x.detach()  # (detach always takes the Python path otherwise)
+                with _own_ops.OwnOps(mgr):
+                    x.view(torch.uint8)
+                x.detach()
+                took = calls[before:]
+            check(not mgr._internal, "after the block they are not")
+            if _own_ops.bypasses_mode():
+                check(took == [], "own ops skip the mode (Python path took: %r)" % took)
+            else:
+                print("note: this torch cannot keep ops from the mode; own ops took %r" % took)
+                check(all(not mgr._internal for _ in took), "own ops still run")
+            before = len(calls)
+            x.detach()
+            check(len(calls) > before, "an op after the block reaches the mode again (%r)" % calls[before:])
+        mgr.close()
+
+
 if __name__ == "__main__":
     test_probe_takes_first_device_off_cpu()
     test_off_device_input_keeps_c_path()
     test_empty_input_keeps_c_path()
+    test_own_ops_skip_the_mode()
