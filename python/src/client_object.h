@@ -119,8 +119,9 @@ long cap_py_storages_id_of(ClientObject *self, PyObject *t);
 /* Whether tensor t is off the job's device (not its memory: unmanaged, as
  * the Python path's _id_of has it): 1, 0, or -1 with an exception set. */
 int cap_py_storages_off_device(ClientObject *self, PyObject *t);
-/* Whether tensor t has no memory (data_ptr() 0: an empty tensor; not the
- * job's memory either): 1, 0, or -1 with an exception set. */
+/* Whether tensor t has no memory (no elements and data_ptr() 0: an empty
+ * tensor; not the job's memory either; a weight given up has elements):
+ * 1, 0, or -1 with an exception set. */
 int cap_py_storages_no_memory(PyObject *t);
 /* Reports the frees due (at an op boundary: never from a callback). */
 void cap_py_storages_report_dead(ClientObject *self);

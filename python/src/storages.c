@@ -66,8 +66,8 @@ static PyTypeObject StorageRefType = {
 };
 
 static PyObject *on_dead; /* the references' callback */
-static PyObject *s_data_ptr, *s_storage_offset, *s_element_size, *s_layout,
-    *s_device, *s_nbytes, *s_storage;
+static PyObject *s_numel, *s_data_ptr, *s_storage_offset, *s_element_size,
+    *s_layout, *s_device, *s_nbytes, *s_storage;
 
 /* --- the table: open addressing on the storage's address ------------------ */
 
@@ -224,6 +224,7 @@ int cap_py_storages_ready(void) {
   StorageRefType.tp_base = &_PyWeakref_RefType;
   if (PyType_Ready(&StorageRefType) < 0)
     return -1;
+  s_numel = PyUnicode_InternFromString("numel");
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
   s_storage_offset = PyUnicode_InternFromString("storage_offset");
   s_element_size = PyUnicode_InternFromString("element_size");
@@ -231,8 +232,8 @@ int cap_py_storages_ready(void) {
   s_device = PyUnicode_InternFromString("device");
   s_nbytes = PyUnicode_InternFromString("nbytes");
   on_dead = PyCFunction_New(&on_dead_def, NULL);
-  return s_data_ptr && s_storage_offset && s_element_size && s_layout &&
-                 s_device && s_nbytes && on_dead
+  return s_numel && s_data_ptr && s_storage_offset && s_element_size &&
+                 s_layout && s_device && s_nbytes && on_dead
              ? 0
              : -1;
 }
@@ -326,7 +327,10 @@ int cap_py_storages_off_device(ClientObject *self, PyObject *t) {
 int cap_py_storages_no_memory(PyObject *t) {
   int ok = 1;
   uint64_t dp = call_u64(t, s_data_ptr, &ok);
-  return ok ? dp == 0 : -1;
+  /* Elements but no memory: a weight the plan took out, its storage
+   * resized to 0 (the Python path's table finds it by its storage). */
+  uint64_t n = ok && dp == 0 ? call_u64(t, s_numel, &ok) : 1;
+  return ok ? dp == 0 && n == 0 : -1;
 }
 
 long cap_py_storages_id_of(ClientObject *self, PyObject *t) {

@@ -121,6 +121,34 @@ def test_empty_input_keeps_c_path():
         mgr.close()
 
 
+def test_given_up_storage_takes_python_path():
+    """A tensor with elements whose storage has no memory is a weight the
+    plan took out (the adapter resized its storage to 0), not an empty
+    tensor: an op reading it goes to the Python path, which finds it by its
+    storage and brings it back first. (The C path once took it for an
+    empty tensor and would run the op on no memory: with detach on the C
+    path, a detach of such a weight left the plan's op sequence in about
+    one run in two of the budget tests.)"""
+    with python_path_calls() as calls:
+        x = torch.ones(16)
+        mgr = capuchin.Manager(budget="100%", no_daemon=True)
+        with mgr.step():  # the probe
+            x.add_(1)
+        with mgr.step():
+            x.add_(1)  # the C path knows x now
+            gone = torch.ones(16)
+            storage = gone.untyped_storage() if hasattr(gone, "untyped_storage") \
+                else gone.storage()
+            storage.resize_(0)
+            check(gone.data_ptr() == 0 and gone.numel() == 16,
+                  "a storage resized to 0 under a tensor with elements")
+            before = len(calls)
+            gone.view(4, 4)  # (metadata only: no op reads the missing bytes)
+            check(len(calls) == before + 1, "an op reading it goes to the Python path "
+                  "(took: %r)" % calls[before:])
+        mgr.close()
+
+
 def test_own_ops_skip_the_mode():
     """The adapter's own ops in a step (capuchin._own_ops.OwnOps: buffers,
     views at unpack, recomputes) skip the dispatch mode where torch allows,
@@ -156,4 +184,5 @@ if __name__ == "__main__":
     test_probe_takes_first_device_off_cpu()
     test_off_device_input_keeps_c_path()
     test_empty_input_keeps_c_path()
+    test_given_up_storage_takes_python_path()
     test_own_ops_skip_the_mode()
