@@ -98,6 +98,22 @@ static cap_client_t *sim_fw_client(const cap_client_config_t *cfg,
   return c;
 }
 
+/* A weight of N bytes (byte i: i * mul + 5) the framework allocated,
+ * adopted as persistent tensor *w: its memory, NULL on failure. */
+static uint8_t *adopt_weight(cap_client_t *c, fake_fw_t *f, uint8_t mul,
+                             uint32_t *w) {
+  uint8_t *buf = fake_fw_new(f, N);
+  if (!buf)
+    return NULL;
+  for (uint32_t i = 0; i < N; i++)
+    buf[i] = (uint8_t)(i * mul + 5);
+  if (cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, buf, w) != 0) {
+    fake_fw_drop(f, buf);
+    return NULL;
+  }
+  return buf;
+}
+
 /* The framework frees tensor id: the client forgets it, and the framework
  * drops its memory unless the client has it out (no pointer). */
 static void fw_free(cap_client_t *c, fake_fw_t *f, uint32_t id) {
@@ -288,12 +304,9 @@ static void test_framework_list_before_prefetch(void) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  uint8_t *wbuf = fake_fw_new(&f, N);
-  REQUIRE(wbuf);
-  for (uint32_t i = 0; i < N; i++)
-    wbuf[i] = (uint8_t)(i * 3 + 2);
   uint32_t w;
-  REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  uint8_t *wbuf = adopt_weight(c, &f, 3, &w);
+  REQUIRE(wbuf);
   cap_client_set_recompute(c, recompute, &f);
   uint8_t want[N], got[N];
   expected(wbuf, want);
@@ -456,12 +469,9 @@ static void test_framework_persistent_evictable(void) {
   fake_fw_t f = {0};
   cap_client_t *c = sim_fw_client(&cfg, &f);
   REQUIRE(c);
-  uint8_t *wbuf = fake_fw_new(&f, N);
-  REQUIRE(wbuf);
-  for (uint32_t i = 0; i < N; i++)
-    wbuf[i] = (uint8_t)(i * 13 + 5);
   uint32_t w;
-  REQUIRE(cap_client_adopt_persistent(c, N, CAP_KIND_PARAM, wbuf, &w) == 0);
+  uint8_t *wbuf = adopt_weight(c, &f, 13, &w);
+  REQUIRE(wbuf);
   REQUIRE(cap_client_set_evictable(c, w, true) == 0);
   for (int it = 0; it < 2; it++) {
     if (it == 1)
