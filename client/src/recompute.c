@@ -19,8 +19,8 @@ static const char *missing_reason(const cap__tensor_t *u) {
     return NULL;
   case CAP__T_OUT: /* swap-out running (the device copy is still there) */
   case CAP__T_HOST:
-    /* Fetched now (a stall); see fetched_early for when the plan did not
-     * count on that. */
+    /* Fetched now (a stall); note_fetched_early says so where the plan
+     * did not count on it. */
     return NULL;
   case CAP__T_DROPPED:
     return "dropped by the plan and not recomputed earlier in the list";

@@ -28,7 +28,9 @@ def _working_guard():
     an active dispatch mode, and the mode sees ops again once it is gone;
     else None."""
     guard = getattr(torch._C, "_DisableTorchDispatch", None)
-    if guard is None or TorchDispatchMode is None or os.environ.get("CAPUCHIN_OWN_OPS_VIA_MODE") == "1":
+    if guard is None or TorchDispatchMode is None:
+        return None
+    if os.environ.get("CAPUCHIN_OWN_OPS_VIA_MODE") == "1":
         return None
     seen = []
 
