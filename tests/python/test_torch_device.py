@@ -96,21 +96,14 @@ def test_off_device_input_keeps_c_path():
     job's CPU scalar) stays on the C per-op path: that tensor is not the
     job's memory, and the Python path (Manager._dispatch) would only say so
     more slowly."""
-    with python_path_calls() as calls:
-        x = torch.ones(16)
-        other = torch.ones(16).as_subclass(OnGpu)  # "on the GPU": not this job's
-        mgr = capuchin.Manager(budget="100%", no_daemon=True)
-        with mgr.step():  # the probe: a CPU job
-            x.add_(1)
-        with mgr.step():
-            x.add_(1)  # the C path knows x now
-            before = len(calls)
-            y = x + other
-            on_c = len(calls) == before
-            check(on_c, "an op with an input off the job's device stays on the C path "
-                  "(Python path took: %r)" % calls[before:])
-            check(torch.equal(y, torch.full((16,), 4.0)), "and computes what it must")
-        mgr.close()
+    other = torch.ones(16).as_subclass(OnGpu)  # "on the GPU": not this job's
+    with python_path_calls() as calls, second_step() as (_, x):  # a CPU job
+        before = len(calls)
+        y = x + other
+        on_c = len(calls) == before
+        check(on_c, "an op with an input off the job's device stays on the C path "
+              "(Python path took: %r)" % calls[before:])
+        check(torch.equal(y, torch.full((16,), 4.0)), "and computes what it must")
 
 
 def test_empty_input_keeps_c_path():
@@ -118,21 +111,14 @@ def test_empty_input_keeps_c_path():
     norm reserve space, which every cudnn_batch_norm_backward reads on a
     GPU) is not the job's memory either, as the Python path's _id_of says:
     the op stays on the C per-op path."""
-    with python_path_calls() as calls:
-        x = torch.ones(16)
-        empty = torch.empty(0)
-        check(empty.data_ptr() == 0, "an empty tensor has no memory")
-        mgr = capuchin.Manager(budget="100%", no_daemon=True)
-        with mgr.step():  # the probe
-            x.add_(1)
-        with mgr.step():
-            x.add_(1)  # the C path knows x now
-            before = len(calls)
-            y = torch.add(x, empty.sum())
-            check(len(calls) == before, "ops reading an empty tensor stay on the C path "
-                  "(Python path took: %r)" % calls[before:])
-            check(torch.equal(y, torch.full((16,), 3.0)), "and compute what they must")
-        mgr.close()
+    empty = torch.empty(0)
+    check(empty.data_ptr() == 0, "an empty tensor has no memory")
+    with python_path_calls() as calls, second_step() as (_, x):
+        before = len(calls)
+        y = torch.add(x, empty.sum())
+        check(len(calls) == before, "ops reading an empty tensor stay on the C path "
+              "(Python path took: %r)" % calls[before:])
+        check(torch.equal(y, torch.full((16,), 3.0)), "and compute what they must")
 
 
 def test_given_up_storage_takes_python_path():
